@@ -1,0 +1,131 @@
+"""The training skeleton the three scripts share: model set-up, the per-iteration
+loop (warm-up, autocast, scaler, meters, progress bar) and the epoch loop
+(schedule, evaluation, logging, checkpoints, ``--resume``)."""
+import math
+import os
+import time
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from checkpoint import load_checkpoint, load_model_state, save_checkpoint
+from options import config_dict
+from util import (AverageMeter, RunLogger, UserError, accuracy, adjust_learning_rate, autocast,
+                  get_rng_state, set_rng_state, to_device, warmup_learning_rate)
+
+
+def prepare_model(opt, model):
+    """Move to the device (channels-last if asked); cudnn autotuning on CUDA."""
+    model = model.to(opt.device)
+    if opt.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if opt.device.type == 'cuda':
+        torch.backends.cudnn.benchmark = True
+    return model
+
+
+def progress(iterable, desc, total=None):
+    """A tqdm bar on a terminal; plain (periodic) lines otherwise."""
+    return tqdm(iterable, desc=desc, total=total, disable=None, leave=False, dynamic_ncols=True)
+
+
+def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
+    """One epoch of ``step(batch) -> (loss, batch size, {name: scalar tensor})`` with backprop.
+
+    The loss and the step's statistics are read back to the host once per step.
+    Returns the epoch means.
+    """
+    meters = defaultdict(AverageMeter)
+    bar = progress(loader, f'{desc} epoch {epoch}')
+    start = time.time()
+    for idx, batch in enumerate(bar):
+        warmup_learning_rate(opt, epoch, idx, len(loader), optimizer)
+        loss, n, stats = step(batch)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        names = ['loss'] + list(stats)
+        values = torch.stack([loss.detach().float()] + [torch.as_tensor(v, dtype=torch.float32,
+                                                                         device=loss.device).detach()
+                                                        for v in stats.values()]).tolist()
+        if not math.isfinite(values[0]):
+            raise UserError(f'the loss became {values[0]} at epoch {epoch}, iteration {idx + 1}; '
+                            'lower --learning_rate (or use --amp none)')
+        for name, value in zip(names, values):
+            meters[name].update(value, n)
+        if bar.disable and (idx + 1) % opt.print_freq == 0:
+            print(f'{desc}: [{epoch}][{idx + 1}/{len(loader)}]\tloss {meters["loss"].avg:.4f}', flush=True)
+        elif not bar.disable:
+            bar.set_postfix(loss=f'{meters["loss"].avg:.4f}')
+    out = {f'train/{k}': m.avg for k, m in meters.items()}
+    out['train/epoch_time'] = time.time() - start
+    return out
+
+
+@torch.no_grad()
+def evaluate(opt, loader, predict, prefix):
+    """Cross-entropy loss and top-1 accuracy of ``predict(images) -> logits`` over ``loader``."""
+    loss_m, acc_m = AverageMeter(), AverageMeter()
+    for images, labels in progress(loader, f'eval {prefix}'):
+        images, labels = to_device(opt, images), labels.to(opt.device)
+        with autocast(opt):
+            logits = predict(images)
+        logits = logits.float()
+        loss_m.update(F.cross_entropy(logits, labels).item(), len(labels))
+        acc_m.update(accuracy(logits, labels)[0].item(), len(labels))
+    return {f'{prefix}/loss': loss_m.avg, f'{prefix}/acc': acc_m.avg}
+
+
+def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, extra=None):
+    """Run epochs ``1..opt.epochs`` (or continue from ``--resume``).
+
+    ``train_epoch(epoch)`` and ``evaluate_epoch(epoch)`` return metric dicts;
+    ``select`` names the metric whose maximum picks the best epoch; ``extra`` maps
+    names to objects with ``state_dict``/``load_state_dict`` (loss buffers, ...)
+    saved in and restored from checkpoints. ``<run>/last.pth`` is written every
+    epoch, ``ckpt_epoch_N.pth`` every ``--save_freq`` epochs. Returns
+    ``(last metrics, best metrics)``.
+    """
+    extra = extra or {}
+    start, best = 1, None
+    if opt.resume:
+        ckpt = load_checkpoint(opt.resume, 'checkpoint for --resume')
+        script = ckpt['config'].get('script')
+        if script and script != opt.script:
+            raise UserError(f'{opt.resume} was written by main_{script}.py, not main_{opt.script}.py')
+        load_model_state(model, ckpt, opt, opt.resume)
+        try:
+            optimizer.load_state_dict(ckpt['optimizer'])
+            for name, obj in extra.items():
+                obj.load_state_dict(ckpt['extra'][name])
+            set_rng_state(ckpt['rng'])
+            start, best = ckpt['epoch'] + 1, ckpt.get('best')
+        except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            raise UserError(f'{opt.resume} cannot be resumed: {str(e).splitlines()[0][:200]}') from None
+        print(f'resumed from {opt.resume} at epoch {start - 1}')
+    logger = RunLogger(opt.run_folder, start)
+    metrics = {}
+    for epoch in range(start, opt.epochs + 1):
+        adjust_learning_rate(opt, optimizer, epoch)
+        metrics = train_epoch(epoch)
+        metrics['train/lr'] = optimizer.param_groups[0]['lr']
+        if evaluate_epoch is not None:
+            metrics.update(evaluate_epoch(epoch))
+        if select is not None and (best is None or metrics[select] > best[select]):
+            best = {**metrics, 'epoch': epoch}
+        logger.log(epoch, {k: v for k, v in metrics.items() if not k.startswith('hist/')},
+                   {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
+        shown = ', '.join(f'{k} {v:.4g}' for k, v in metrics.items()
+                          if not k.startswith('hist/') and not k.endswith('epoch_time'))
+        print(f'epoch {epoch}/{opt.epochs} ({metrics["train/epoch_time"]:.1f}s): {shown}', flush=True)
+        state = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch,
+                 'config': config_dict(opt), 'rng': get_rng_state(), 'best': best,
+                 'extra': {name: obj.state_dict() for name, obj in extra.items()}}
+        save_checkpoint(os.path.join(opt.run_folder, 'last.pth'), state)
+        if epoch % opt.save_freq == 0:
+            save_checkpoint(os.path.join(opt.run_folder, f'ckpt_epoch_{epoch}.pth'), state)
+    logger.close()
+    return metrics, best

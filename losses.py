@@ -1,0 +1,118 @@
+"""Supervised Contrastive Learning loss (Khosla et al., NeurIPS 2020).
+
+Re-implements SupContrast's ``SupConLoss`` with the same semantics, plus two
+fixes: it is device-agnostic (no hard-coded ``cuda``) and it is finite for every
+input (an anchor with nothing to contrast against contributes 0).
+"""
+import math
+
+import torch
+import torch.nn as nn
+
+
+def flatten_views(features):
+    """``[B, V, ...]`` -> (``[V*B, D]`` view-major rows, B, V).
+
+    Row ``r = v*B + b`` holds view ``v`` of sample ``b`` (SupContrast's
+    ``torch.cat(torch.unbind(features, 1), 0)``). Per-sample tensors must be
+    repeated with ``.repeat(V)`` to stay aligned with these rows.
+    """
+    if features.dim() < 3:
+        raise ValueError('`features` needs to be [bsz, n_views, ...], '
+                         'at least 3 dimensions are required')
+    bsz, n_views = features.shape[0], features.shape[1]
+    features = features.reshape(bsz, n_views, -1)
+    return features.transpose(0, 1).reshape(n_views * bsz, -1), bsz, n_views
+
+
+def upcast(x):
+    """float16/bfloat16 -> float32; float32/float64 unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def masked_log_softmax(logits, valid):
+    """Row-wise log-softmax of ``logits`` over the entries where ``valid`` is True.
+
+    Stabilized by the detached max over the valid entries. Rows without a valid
+    entry give 0 everywhere (finite values and gradients); invalid entries are 0.
+    """
+    neg_inf = torch.finfo(logits.dtype).min
+    masked = logits.masked_fill(~valid, neg_inf)
+    row_max = masked.max(dim=1, keepdim=True).values.detach()
+    has_any = valid.any(dim=1, keepdim=True)
+    row_max = torch.where(has_any, row_max, torch.zeros_like(row_max))
+    shifted = logits - row_max
+    denom = torch.exp(shifted.masked_fill(~valid, -math.inf)).sum(dim=1, keepdim=True)
+    log_denom = torch.log(torch.where(has_any, denom, torch.ones_like(denom)))
+    return torch.where(valid, shifted - log_denom, torch.zeros_like(shifted))
+
+
+class SupConLoss(nn.Module):
+    """Supervised contrastive loss L_out (Khosla et al. 2020, eq. 2); SimCLR's NT-Xent without labels.
+
+    For anchor rows ``i`` and contrast rows ``a`` (all rows but ``i`` itself)::
+
+        L = -(tau / tau_base) * mean_i  1/|P(i)| * sum_{p in P(i)} log( exp(z_i.z_p/tau)
+                                                          / sum_{a != i} exp(z_i.z_a/tau) )
+
+    ``P(i)`` are the rows whose sample is a positive of ``i``'s sample (same label,
+    or ``mask[i, j] = 1``, or the other views of the same sample when neither is
+    given). An anchor with no positive contributes 0 and still counts in the mean.
+    Features are used as given (SupContrast's models L2-normalize them).
+
+    Args:
+        temperature: ``tau`` (> 0).
+        contrast_mode: ``'all'`` (every view is an anchor) or ``'one'`` (view 0 only).
+        base_temperature: ``tau_base`` (> 0).
+
+    Shapes:
+        features: ``[B, V, D]`` (extra dims are flattened into D).
+        labels: ``[B]`` integer classes, or mask: ``[B, B]`` with ``mask[i, j] = 1``
+        when sample ``j`` is a positive of sample ``i``. Not both.
+        Output: scalar. Computed in float32 (float64 for float64 input) even under autocast.
+    """
+
+    def __init__(self, temperature=0.07, contrast_mode='all', base_temperature=0.07):
+        super().__init__()
+        if not temperature > 0 or not base_temperature > 0:
+            raise ValueError('temperature and base_temperature must be > 0, got '
+                             f'{temperature} and {base_temperature}')
+        if contrast_mode not in ('all', 'one'):
+            raise ValueError(f'Unknown mode: {contrast_mode}')
+        self.temperature = temperature
+        self.contrast_mode = contrast_mode
+        self.base_temperature = base_temperature
+
+    def forward(self, features, labels=None, mask=None):
+        contrast, bsz, n_views = flatten_views(features)
+        device = features.device
+        if labels is not None and mask is not None:
+            raise ValueError('Cannot define both `labels` and `mask`')
+        if labels is not None:
+            labels = labels.reshape(-1)
+            if labels.shape[0] != bsz:
+                raise ValueError('Num of labels does not match num of features')
+            mask = labels[:, None] == labels[None, :]
+        elif mask is None:
+            mask = torch.eye(bsz, dtype=torch.bool, device=device)
+        elif mask.shape != (bsz, bsz):
+            raise ValueError(f'`mask` must be [{bsz}, {bsz}], got {list(mask.shape)}')
+        mask = mask.to(device=device, dtype=upcast(contrast).dtype)
+
+        with torch.autocast(device_type=device.type, enabled=False):
+            contrast = upcast(contrast)
+            if self.contrast_mode == 'one':
+                anchor, n_anchor = contrast[:bsz], 1
+            else:
+                anchor, n_anchor = contrast, n_views
+            logits = anchor @ contrast.T / self.temperature
+            n_rows = logits.shape[0]
+            not_self = torch.ones_like(logits, dtype=torch.bool)
+            not_self[torch.arange(n_rows, device=device), torch.arange(n_rows, device=device)] = False
+            pos = mask.repeat(n_anchor, n_views) * not_self
+            log_prob = masked_log_softmax(logits, not_self)
+            n_pos = pos.sum(1)
+            n_pos = torch.where(n_pos < 1e-6, torch.ones_like(n_pos), n_pos)
+            mean_log_prob_pos = (pos * log_prob).sum(1) / n_pos
+            loss = -(self.temperature / self.base_temperature) * mean_log_prob_pos
+        return loss.mean()

@@ -1,0 +1,109 @@
+"""Stage 2: linear evaluation of a frozen stage-1 encoder.
+
+    python main_linear.py --dataset digits --ckpt save/SupCon/digits/<run>/last.pth
+
+Reads checkpoints of this project (any of the three scripts' encoders) and of
+the original SupContrast. Prints the final and the best test top-1; with
+``--val_split`` it also selects the epoch on held-out training data.
+"""
+import json
+import os
+
+import torch
+import torch.nn as nn
+
+from checkpoint import clean_state_dict, load_checkpoint
+from data import build_dataset, build_loader, build_transform, num_classes, split_train_val
+from engine import evaluate, fit, prepare_model, train_loop
+from networks import LinearClassifier, build_encoder
+from options import parse_option
+from util import UserError, accuracy, autocast, grad_scaler, run_cli, set_optimizer, set_seed, to_device
+
+
+def load_encoder(opt):
+    """The frozen encoder of ``opt.ckpt`` (``--model`` defaults to the checkpoint's)."""
+    ckpt = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)')
+    saved = ckpt['config'].get('model')
+    if opt.model is None:
+        opt.model = saved or ('resnet_tiny' if opt.dataset == 'digits' else 'resnet50')
+    elif saved and saved != opt.model:
+        raise UserError(f'--ckpt {opt.ckpt} holds a {saved} encoder but --model is {opt.model}')
+    state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items()
+             if k.startswith('encoder.')}
+    if not state:
+        raise UserError(f'--ckpt {opt.ckpt} has no encoder weights (no "encoder." keys)')
+    encoder, _ = build_encoder(opt.model)
+    try:
+        encoder.load_state_dict(state)
+    except RuntimeError:
+        raise UserError(f'--ckpt {opt.ckpt} does not match --model {opt.model}') from None
+    encoder = prepare_model(opt, encoder).eval()
+    for p in encoder.parameters():
+        p.requires_grad_(False)
+    return encoder
+
+
+def main(argv=None):
+    opt = parse_option('linear', argv)
+    set_seed(opt.seed)
+    encoder = load_encoder(opt)
+    train_set = build_dataset(opt, True, build_transform(opt, 'train'))
+    test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
+    n_cls = num_classes(train_set)
+    loaders = {}
+    if opt.val_split > 0:
+        held_out = build_dataset(opt, True, build_transform(opt, 'eval'))
+        train_idx, val_idx = split_train_val(train_set.targets, opt.val_split, opt.seed)
+        train_set = torch.utils.data.Subset(train_set, train_idx)
+        loaders['val'] = build_loader(opt, torch.utils.data.Subset(held_out, val_idx), train=False)
+    loaders['test'] = build_loader(opt, test_set, train=False)
+    train_loader = build_loader(opt, train_set, train=True)
+
+    classifier = LinearClassifier(opt.model, num_classes=n_cls).to(opt.device)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = set_optimizer(opt, classifier.parameters())
+    scaler = grad_scaler(opt)
+
+    def predict(images):
+        with torch.no_grad():
+            features = encoder(images)
+        return classifier(features.float())
+
+    def step(batch):
+        images, labels = to_device(opt, batch[0]), batch[1].to(opt.device)
+        with autocast(opt):
+            logits = predict(images)
+        loss = criterion(logits.float(), labels)
+        return loss, labels.shape[0], {'acc': accuracy(logits, labels)[0]}
+
+    def train_epoch(epoch):
+        classifier.train()
+        return train_loop(opt, train_loader, optimizer, scaler, epoch, step, 'Linear')
+
+    def evaluate_epoch(epoch):
+        classifier.eval()
+        out = {}
+        for split, loader in loaders.items():
+            out.update(evaluate(opt, loader, predict, split))
+        return out
+
+    print(f'run folder: {opt.run_folder}')
+    select = 'val/acc' if opt.val_split > 0 else 'test/acc'
+    last, best = fit(opt, classifier, optimizer, train_epoch, evaluate_epoch, select=select)
+    last = last or best
+    results = {'ckpt': os.path.abspath(opt.ckpt), 'final_test_acc': last['test/acc'],
+               'best_epoch': best['epoch'], 'best_epoch_test_acc': best['test/acc'], 'selected_by': select}
+    if opt.val_split > 0:
+        results['best_val_acc'] = best['val/acc']
+    with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
+        json.dump(results, f, indent=2)
+    if opt.val_split > 0:
+        print(f'best val top-1: {best["val/acc"]:.2f} (epoch {best["epoch"]}), '
+              f'test top-1 there: {best["test/acc"]:.2f}')
+    else:
+        print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')
+    print(f'final test top-1: {last["test/acc"]:.2f}')
+
+
+if __name__ == '__main__':
+    run_cli(main)

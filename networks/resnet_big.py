@@ -1,0 +1,172 @@
+"""ResNets with a CIFAR stem (3x3 conv, stride 1, no max-pool), as in SupContrast.
+
+``MODELS`` maps a ``--model`` name to ``(constructor, feature dim)``. Besides
+SupContrast's resnet18/34/50/101 there is ``resnet_tiny`` (one basic block per
+stage, widths 16-32-64-128): it is what the bundled ``digits`` data needs and it
+trains in seconds on a CPU.
+"""
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_planes, planes, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, in_planes, planes, stride=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes * 4:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes * 4, 1, stride, bias=False), nn.BatchNorm2d(planes * 4))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """CIFAR-stem ResNet encoder: image ``[N, C, H, W]`` -> features ``[N, widths[-1]*expansion]``."""
+
+    def __init__(self, block, num_blocks, in_channel=3, widths=(64, 128, 256, 512),
+                 zero_init_residual=False):
+        super().__init__()
+        self.in_planes = widths[0]
+        self.conv1 = nn.Conv2d(in_channel, widths[0], 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        layers = []
+        for i, (width, n) in enumerate(zip(widths, num_blocks)):
+            layers.append(self._make_layer(block, width, n, stride=1 if i == 0 else 2))
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode='fan_out', nonlinearity='relu')
+            elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+        if zero_init_residual:
+            for m in self.modules():
+                if isinstance(m, Bottleneck):
+                    nn.init.constant_(m.bn3.weight, 0)
+                elif isinstance(m, BasicBlock):
+                    nn.init.constant_(m.bn2.weight, 0)
+
+    def _make_layer(self, block, planes, num_blocks, stride):
+        layers = []
+        for s in [stride] + [1] * (num_blocks - 1):
+            layers.append(block(self.in_planes, planes, s))
+            self.in_planes = planes * block.expansion
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+        return self.avgpool(out).flatten(1)
+
+
+def resnet_tiny(**kwargs):
+    return ResNet(BasicBlock, [1, 1, 1, 1], widths=(16, 32, 64, 128), **kwargs)
+
+
+def resnet18(**kwargs):
+    return ResNet(BasicBlock, [2, 2, 2, 2], **kwargs)
+
+
+def resnet34(**kwargs):
+    return ResNet(BasicBlock, [3, 4, 6, 3], **kwargs)
+
+
+def resnet50(**kwargs):
+    return ResNet(Bottleneck, [3, 4, 6, 3], **kwargs)
+
+
+def resnet101(**kwargs):
+    return ResNet(Bottleneck, [3, 4, 23, 3], **kwargs)
+
+
+MODELS = {
+    'resnet_tiny': (resnet_tiny, 128),
+    'resnet18': (resnet18, 512),
+    'resnet34': (resnet34, 512),
+    'resnet50': (resnet50, 2048),
+    'resnet101': (resnet101, 2048),
+}
+
+
+def build_encoder(name):
+    """(encoder module, feature dim) for a ``--model`` name."""
+    if name not in MODELS:
+        raise ValueError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
+    fn, dim = MODELS[name]
+    return fn(), dim
+
+
+class SupConResNet(nn.Module):
+    """Encoder + projection head; ``forward`` returns L2-normalized ``[N, feat_dim]``."""
+
+    def __init__(self, name='resnet50', head='mlp', feat_dim=128):
+        super().__init__()
+        self.encoder, dim_in = build_encoder(name)
+        if head == 'linear':
+            self.head = nn.Linear(dim_in, feat_dim)
+        elif head == 'mlp':
+            self.head = nn.Sequential(nn.Linear(dim_in, dim_in), nn.ReLU(inplace=True),
+                                      nn.Linear(dim_in, feat_dim))
+        else:
+            raise ValueError(f'head not supported: {head!r} (mlp or linear)')
+
+    def forward(self, x):
+        return F.normalize(self.head(self.encoder(x)), dim=1)
+
+
+class SupCEResNet(nn.Module):
+    """Encoder + linear classifier, trained with cross-entropy."""
+
+    def __init__(self, name='resnet50', num_classes=10):
+        super().__init__()
+        self.encoder, dim_in = build_encoder(name)
+        self.fc = nn.Linear(dim_in, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.encoder(x))
+
+
+class LinearClassifier(nn.Module):
+    """Linear classifier on frozen encoder features."""
+
+    def __init__(self, name='resnet50', num_classes=10):
+        super().__init__()
+        if name not in MODELS:
+            raise ValueError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
+        self.fc = nn.Linear(MODELS[name][1], num_classes)
+
+    def forward(self, features):
+        return self.fc(features)

@@ -1,0 +1,178 @@
+"""Command-line options shared by ``main_supcon.py``, ``main_ce.py`` and ``main_linear.py``.
+
+Flag names and defaults follow SupContrast; each script only differs in its
+defaults (``SCRIPT_DEFAULTS``) and in a few script-specific flags.
+"""
+import argparse
+import os
+import re
+
+from data import DATASETS
+from networks import MODELS
+from util import UserError, resolve_device
+
+# SupContrast's per-script defaults.
+SCRIPT_DEFAULTS = {
+    'supcon': dict(epochs=1000, learning_rate=0.05, lr_decay_epochs='700,800,900',
+                   lr_decay_rate=0.1, weight_decay=1e-4),
+    'ce': dict(epochs=500, learning_rate=0.2, lr_decay_epochs='350,400,450',
+               lr_decay_rate=0.1, weight_decay=5e-4),
+    'linear': dict(epochs=100, learning_rate=0.1, lr_decay_epochs='60,75,90',
+                   lr_decay_rate=0.2, weight_decay=0.0),
+}
+RUN_KIND = {'supcon': 'SupCon', 'ce': 'SupCE', 'linear': 'Linear'}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (no usage block) with exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f'{self.prog}: error: {message}\n')
+
+
+def _floats(text):
+    """Parse '(0.4914, 0.4822, 0.4465)', '0.5,0.5,0.5' or '0.5' into a tuple of floats (never eval)."""
+    values = re.findall(r'[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?', text)
+    leftover = re.sub(r'[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[\s,()\[\]]', '', text)
+    if leftover or len(values) not in (1, 3):
+        raise argparse.ArgumentTypeError(f'expected 1 or 3 numbers such as "(0.5, 0.5, 0.5)", got {text!r}')
+    values = tuple(float(v) for v in values)
+    return values * 3 if len(values) == 1 else values
+
+
+def _int_list(text):
+    try:
+        return [int(x) for x in text.split(',') if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected comma-separated epochs such as 700,800,900, got {text!r}')
+
+
+def build_parser(script):
+    d = SCRIPT_DEFAULTS[script]
+    p = Parser(description={'supcon': 'Stage 1: contrastive pre-training (SupCon / SimCLR).',
+                            'ce': 'Cross-entropy baseline.',
+                            'linear': 'Stage 2: linear evaluation of a frozen stage-1 encoder.'}[script])
+    p.add_argument('--print_freq', type=int, default=10, help='log a line every N iterations without a progress bar')
+    p.add_argument('--save_freq', type=int, default=50, help='keep a checkpoint every N epochs (last.pth is written every epoch)')
+    p.add_argument('--batch_size', type=int, default=256)
+    p.add_argument('--num_workers', type=int, default=16, help='data loading workers (capped at the CPU count)')
+    p.add_argument('--epochs', type=int, default=d['epochs'])
+    p.add_argument('--learning_rate', type=float, default=d['learning_rate'])
+    p.add_argument('--lr_decay_epochs', type=_int_list, default=d['lr_decay_epochs'])
+    p.add_argument('--lr_decay_rate', type=float, default=d['lr_decay_rate'])
+    p.add_argument('--weight_decay', type=float, default=d['weight_decay'])
+    p.add_argument('--momentum', type=float, default=0.9)
+    p.add_argument('--model', choices=sorted(MODELS), default=None,
+                   help='default: resnet_tiny for digits, resnet50 otherwise')
+    p.add_argument('--dataset', choices=DATASETS, default='digits')
+    p.add_argument('--mean', type=_floats, default=None, help='per-channel mean, e.g. "(0.5, 0.5, 0.5)"')
+    p.add_argument('--std', type=_floats, default=None, help='per-channel std, e.g. "(0.25, 0.25, 0.25)"')
+    p.add_argument('--data_folder', default=None, help='default: ./datasets/')
+    p.add_argument('--size', type=int, default=None, help='image size (default: 16 for digits, 32 otherwise)')
+    if script == 'supcon':
+        p.add_argument('--method', choices=['SupCon', 'SimCLR'], default='SupCon')
+        p.add_argument('--temp', type=float, default=0.07, help='loss temperature')
+        p.add_argument('--head', choices=['mlp', 'linear'], default='mlp')
+        p.add_argument('--feat_dim', type=int, default=128)
+    if script == 'linear':
+        p.add_argument('--ckpt', default='', help='stage-1 checkpoint (ours or the original SupContrast\'s)')
+        p.add_argument('--val_split', type=float, default=0.0,
+                       help='hold out this fraction of train for model selection (0: none)')
+    p.add_argument('--cosine', action='store_true', help='cosine annealing')
+    p.add_argument('--syncBN', action='store_true', help='synchronized BatchNorm (needs distributed training)')
+    p.add_argument('--warm', action='store_true', help='10-epoch linear warm-up for large batches')
+    p.add_argument('--trial', default='0', help='id for recording multiple runs')
+    p.add_argument('--seed', type=int, default=0, help='random seed (same seed, same result on CPU)')
+    p.add_argument('--device', default='auto', help='auto (cuda if available), cpu, cuda, cuda:N')
+    p.add_argument('--resume', default='', help='checkpoint (e.g. <run>/last.pth) to continue from')
+    p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none', help='mixed precision')
+    p.add_argument('--channels_last', action='store_true', help='channels-last memory format')
+    p.add_argument('--save_folder', default='./save', help='root of the run folders')
+    return p
+
+
+def _check(cond, message):
+    if not cond:
+        raise UserError(message)
+
+
+def validate(opt, script):
+    _check(opt.batch_size >= 1, f'--batch_size must be >= 1, got {opt.batch_size}')
+    _check(opt.epochs >= 1, f'--epochs must be >= 1, got {opt.epochs}')
+    _check(opt.learning_rate > 0, f'--learning_rate must be > 0, got {opt.learning_rate}')
+    _check(opt.num_workers >= 0, f'--num_workers must be >= 0, got {opt.num_workers}')
+    _check(opt.print_freq >= 1 and opt.save_freq >= 1, '--print_freq and --save_freq must be >= 1')
+    _check(opt.size >= 1, f'--size must be >= 1, got {opt.size}')
+    _check(opt.weight_decay >= 0 and opt.momentum >= 0, '--weight_decay and --momentum must be >= 0')
+    if script == 'supcon':
+        _check(opt.temp > 0, f'--temp must be > 0, got {opt.temp}')
+        _check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
+    if script == 'linear':
+        _check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
+        _check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
+    if opt.syncBN:
+        raise UserError('--syncBN needs distributed training (torchrun), which this version does not '
+                        'have yet; on one device BatchNorm is already synchronized, drop the flag')
+    if opt.dataset == 'path':
+        _check(opt.data_folder, '--dataset path needs --data_folder with train/ and val/ ImageFolder sub-folders')
+        _check(opt.mean and opt.std, '--dataset path needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
+    if opt.std is not None:
+        _check(all(v > 0 for v in opt.std), f'--std must be > 0, got {opt.std}')
+
+
+def run_name(opt, script):
+    """SupContrast's naming of a run folder from its settings."""
+    if script == 'supcon':
+        name = (f'{opt.method}_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
+                f'_bsz_{opt.batch_size}_temp_{opt.temp}_trial_{opt.trial}')
+    elif script == 'ce':
+        name = (f'SupCE_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
+                f'_bsz_{opt.batch_size}_trial_{opt.trial}')
+    else:
+        pretrain = os.path.basename(os.path.dirname(os.path.abspath(opt.ckpt)))
+        stem = os.path.splitext(os.path.basename(opt.ckpt))[0]
+        name = f'{pretrain}_{stem}_lr_{opt.learning_rate}_bsz_{opt.batch_size}_trial_{opt.trial}'
+    if opt.cosine:
+        name += '_cosine'
+    if opt.warm:
+        name += '_warm'
+    if opt.amp != 'none':
+        name += f'_{opt.amp}'
+    return name
+
+
+def parse_option(script, argv=None):
+    """Parse, fill dataset-dependent defaults, validate, and name the run folder."""
+    opt = build_parser(script).parse_args(argv)
+    opt.script = script
+    if opt.model is None and script != 'linear':  # main_linear takes the checkpoint's
+        opt.model = 'resnet_tiny' if opt.dataset == 'digits' else 'resnet50'
+    if opt.size is None:
+        opt.size = 16 if opt.dataset == 'digits' else 32
+    if opt.data_folder is None:
+        opt.data_folder = './datasets/'
+    validate(opt, script)
+    opt.num_workers = min(opt.num_workers, os.cpu_count() or 1)
+    opt.device = resolve_device(opt.device)
+    # SupContrast: large batches always warm up; 10 epochs from 0.01.
+    if opt.batch_size > 256:
+        opt.warm = True
+    opt.warm_epochs, opt.warmup_from = 10, 0.01
+    if opt.resume:
+        opt.run_folder = os.path.dirname(os.path.abspath(opt.resume))
+    else:
+        opt.run_folder = os.path.join(opt.save_folder, RUN_KIND[script], opt.dataset, run_name(opt, script))
+    return opt
+
+
+def config_dict(opt):
+    """The options as a plain dict of str/int/float/bool/list (safe for ``weights_only`` loading)."""
+    out = {}
+    for key, value in vars(opt).items():
+        if isinstance(value, tuple):
+            value = list(value)
+        if isinstance(value, (str, int, float, bool, list)) or value is None:
+            out[key] = value
+        else:
+            out[key] = str(value)
+    return out

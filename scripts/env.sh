@@ -1,0 +1,24 @@
+# Sourced by the other scripts: sets PY to a Python with requirements.txt installed.
+# With a virtualenv or conda environment already active, that one is used as it is;
+# otherwise ./.venv is created and (re)installed whenever requirements.txt changes.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then
+    PY=python
+else
+    if [ ! -x "$ROOT/.venv/bin/python" ]; then
+        echo "creating $ROOT/.venv" >&2
+        python3 -m venv "$ROOT/.venv" || { echo "error: python3 -m venv failed (install python3-venv)" >&2; exit 1; }
+    fi
+    PY="$ROOT/.venv/bin/python"
+    stamp="$ROOT/.venv/.requirements.sha256"
+    want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "installing requirements.txt into .venv (about 5 GB, once)" >&2
+        "$PY" -m pip install -q -r "$ROOT/requirements.txt" || { echo "error: pip install -r requirements.txt failed" >&2; exit 1; }
+        echo "$want" > "$stamp"
+    fi
+fi
+"$PY" -c "import torch, torchvision, sklearn, tensorboard, tqdm" || {
+    echo "error: torch/torchvision do not import; see requirements.txt for the matching pair" >&2; exit 1; }
+export PYTHONUNBUFFERED=1
+cd "$ROOT"

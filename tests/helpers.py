@@ -1,0 +1,74 @@
+"""Helpers for the end-to-end tests: run the real scripts, build small fake datasets."""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = ['--num_workers', '0', '--batch_size', '128', '--print_freq', '1000']
+
+
+def run_script(script, *args, check=True, timeout=600):
+    """Run ``python <script> args`` in the repo root; returns the CompletedProcess."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '2'))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f'{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
+    return proc
+
+
+def only_run_folder(root):
+    """The single run folder (the one holding last.pth) below ``root``."""
+    found = [d for d, _, files in os.walk(root) if 'last.pth' in files]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def read_metrics(folder):
+    import csv
+    with open(os.path.join(folder, 'metrics.csv'), newline='') as f:
+        return list(csv.DictReader(f))
+
+
+def load(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def make_fake_cifar(root, n_train=40, n_test=20, n_classes=10, hundred=False, seed=0):
+    """Files laid out like the python-version CIFAR archives, with random images."""
+    rng = np.random.default_rng(seed)
+    folder = os.path.join(root, 'cifar-100-python' if hundred else 'cifar-10-batches-py')
+    os.makedirs(folder, exist_ok=True)
+    key = 'fine_labels' if hundred else 'labels'
+
+    def batch(n):
+        return {'data': rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                key: [int(i % n_classes) for i in range(n)]}
+
+    names = ['train', 'test'] if hundred else [f'data_batch_{i}' for i in range(1, 6)] + ['test_batch']
+    for name in names:
+        n = n_test if 'test' in name else (n_train if hundred else n_train // 5)
+        with open(os.path.join(folder, name), 'wb') as f:
+            pickle.dump(batch(n), f)
+    meta = {'fine_label_names': [f'c{i}' for i in range(n_classes)]} if hundred else \
+        {'label_names': [f'c{i}' for i in range(n_classes)]}
+    with open(os.path.join(folder, 'meta' if hundred else 'batches.meta'), 'wb') as f:
+        pickle.dump(meta, f)
+    return root
+
+
+def make_image_folder(root, classes=('a', 'b', 'c'), per_class=6, size=12, seed=0):
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    for split in ('train', 'val'):
+        for c in classes:
+            d = os.path.join(root, split, c)
+            os.makedirs(d, exist_ok=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
+                    os.path.join(d, f'{i}.png'))
+    return root

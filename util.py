@@ -1,0 +1,192 @@
+"""Small shared helpers: errors, meters, learning-rate schedule, optimizer, seeding, devices, logging."""
+import csv
+import math
+import os
+import random
+import sys
+
+import numpy as np
+import torch
+
+
+class UserError(Exception):
+    """Bad input from the user: reported as one line on stderr with exit status 2."""
+
+
+def run_cli(main):
+    """Run ``main()``; a :class:`UserError` (or Ctrl-C) becomes a one-line message and a non-zero exit."""
+    prog = os.path.basename(sys.argv[0])
+    try:
+        main()
+    except UserError as e:
+        print(f'{prog}: error: {e}', file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(f'{prog}: interrupted', file=sys.stderr)
+        sys.exit(130)
+
+
+class AverageMeter:
+    """Running average of a scalar."""
+
+    def __init__(self):
+        self.sum, self.count = 0.0, 0
+
+    def update(self, val, n=1):
+        self.sum += float(val) * n
+        self.count += n
+
+    @property
+    def avg(self):
+        return self.sum / max(self.count, 1)
+
+
+def accuracy(output, target, topk=(1,)):
+    """Top-k accuracies (in %) of ``output`` logits ``[N, C]`` against ``target`` ``[N]``."""
+    with torch.no_grad():
+        maxk = min(max(topk), output.shape[1])
+        pred = output.topk(maxk, 1, True, True).indices.t()
+        correct = pred.eq(target.reshape(1, -1))
+        return [correct[:min(k, maxk)].any(0).float().mean() * 100.0 for k in topk]
+
+
+# ---------------------------------------------------------------- schedule
+def lr_at_epoch(opt, epoch):
+    """SupContrast's per-epoch learning rate (epochs count from 1)."""
+    lr = opt.learning_rate
+    if opt.cosine:
+        eta_min = lr * opt.lr_decay_rate ** 3
+        return eta_min + (lr - eta_min) * (1 + math.cos(math.pi * epoch / opt.epochs)) / 2
+    steps = int(np.sum(epoch > np.asarray(opt.lr_decay_epochs)))
+    return lr * opt.lr_decay_rate ** steps
+
+
+def warmup_target(opt):
+    """The learning rate the warm-up ramps to (SupContrast's ``warmup_to``)."""
+    if opt.cosine:
+        eta_min = opt.learning_rate * opt.lr_decay_rate ** 3
+        return eta_min + (opt.learning_rate - eta_min) * (
+            1 + math.cos(math.pi * opt.warm_epochs / opt.epochs)) / 2
+    return opt.learning_rate
+
+
+def set_lr(optimizer, lr):
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+
+
+def adjust_learning_rate(opt, optimizer, epoch):
+    set_lr(optimizer, lr_at_epoch(opt, epoch))
+
+
+def warmup_learning_rate(opt, epoch, batch_id, total_batches, optimizer):
+    """Per-iteration linear warm-up from ``warmup_from`` during the first ``warm_epochs`` epochs."""
+    if opt.warm and epoch <= opt.warm_epochs:
+        p = (batch_id + (epoch - 1) * total_batches) / (opt.warm_epochs * total_batches)
+        set_lr(optimizer, opt.warmup_from + p * (warmup_target(opt) - opt.warmup_from))
+
+
+def set_optimizer(opt, params):
+    return torch.optim.SGD(params, lr=opt.learning_rate, momentum=opt.momentum,
+                           weight_decay=opt.weight_decay)
+
+
+# ---------------------------------------------------------------- seeds and devices
+def set_seed(seed):
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+
+
+def get_rng_state():
+    """All RNG states as tensors and plain values (loadable with ``weights_only=True``)."""
+    np_state = np.random.get_state()
+    state = {'torch': torch.get_rng_state(), 'python': random.getstate(),
+             'numpy': {'keys': torch.from_numpy(np_state[1].astype(np.int64)), 'pos': int(np_state[2]),
+                       'has_gauss': int(np_state[3]), 'cached_gaussian': float(np_state[4])}}
+    if torch.cuda.is_available():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state['torch'])
+    py = state['python']
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state['numpy']
+    np.random.set_state(('MT19937', n['keys'].numpy().astype(np.uint32), n['pos'],
+                         n['has_gauss'], n['cached_gaussian']))
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state['cuda'])
+
+
+def resolve_device(name):
+    if name == 'auto':
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f'unknown --device {name!r} (auto, cpu, cuda, cuda:N)') from None
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f'--device {name} asked for, but no CUDA device is available')
+    return device
+
+
+AMP_DTYPES = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def autocast(opt):
+    """The autocast context for ``--amp``."""
+    dtype = AMP_DTYPES[opt.amp]
+    return torch.autocast(device_type=opt.device.type, dtype=dtype or torch.float32,
+                          enabled=dtype is not None)
+
+
+def grad_scaler(opt):
+    return torch.amp.GradScaler(opt.device.type, enabled=opt.amp == 'fp16')
+
+
+def to_device(opt, images):
+    images = images.to(opt.device, non_blocking=True)
+    if opt.channels_last and images.dim() == 4:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
+# ---------------------------------------------------------------- run logging
+class RunLogger:
+    """Per-epoch metrics to TensorBoard (``<run>/tensorboard``) and ``<run>/metrics.csv``.
+
+    On resume, rows of epochs after ``start_epoch - 1`` are dropped so the file
+    matches the restored state.
+    """
+
+    def __init__(self, folder, start_epoch=1):
+        from torch.utils.tensorboard import SummaryWriter
+        os.makedirs(folder, exist_ok=True)
+        self.csv_path = os.path.join(folder, 'metrics.csv')
+        self.rows = []
+        if start_epoch > 1 and os.path.exists(self.csv_path):
+            with open(self.csv_path, newline='') as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r['epoch']) < start_epoch]
+        elif os.path.exists(self.csv_path):
+            os.remove(self.csv_path)
+        self.writer = SummaryWriter(os.path.join(folder, 'tensorboard'), purge_step=start_epoch)
+
+    def log(self, epoch, metrics, histograms=None):
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, epoch)
+        for key, values in (histograms or {}).items():
+            self.writer.add_histogram(key, values, epoch)
+        self.writer.flush()
+        self.rows.append({'epoch': epoch, **{k: f'{v:.6g}' for k, v in metrics.items()}})
+        fields = ['epoch'] + sorted({k for r in self.rows for k in r} - {'epoch'})
+        tmp = self.csv_path + '.tmp'
+        with open(tmp, 'w', newline='') as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(self.rows)
+        os.replace(tmp, self.csv_path)
+
+    def close(self):
+        self.writer.close()
