@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Cross-entropy baseline with SupContrast's recommended settings (ResNet-50, batch 1024, lr 0.8).
+# SupContrast also passes --syncBN, which needs distributed training here.
+#   bash scripts/ce_cifar.sh [cifar10|cifar100] [more flags]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+DATASET="${1:-cifar10}"; shift || true
+"$PY" main_ce.py --dataset "$DATASET" --model resnet50 --batch_size 1024 \
+    --learning_rate 0.8 --cosine "$@"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# SimCLR pre-training with SupContrast's recommended settings (ResNet-50, batch 1024, temp 0.5).
+# SupContrast also passes --syncBN, which needs distributed training here.
+#   bash scripts/simclr_cifar.sh [cifar10|cifar100] [more flags]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+DATASET="${1:-cifar10}"; shift || true
+"$PY" main_supcon.py --dataset "$DATASET" --model resnet50 --batch_size 1024 \
+    --learning_rate 0.5 --temp 0.5 --cosine --method SimCLR "$@"
