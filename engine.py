@@ -115,7 +115,7 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
         if evaluate_epoch is not None:
             metrics.update(evaluate_epoch(epoch))
         if select is not None and (best is None or metrics[select] > best[select]):
-            best = {**metrics, 'epoch': epoch}
+            best = {**{k: v for k, v in metrics.items() if not k.startswith('hist/')}, 'epoch': epoch}
         logger.log(epoch, {k: v for k, v in metrics.items() if not k.startswith('hist/')},
                    {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
         shown = ', '.join(f'{k} {v:.4g}' for k, v in metrics.items()

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from losses import flatten_views, masked_log_softmax, upcast
+from losses import flatten_views, upcast
 
 WEIGHTINGS = ('agreement', 'current', 'uniform')
 DRIFT_BINS = 20  # histogram of rank drift over [0, 1]
@@ -18,7 +18,7 @@ def fractional_rank_desc(values, valid):
     """
     k = values.shape[-1]
     keyed = values.masked_fill(~valid, -float('inf'))           # invalid entries sort last
-    ordered, order = keyed.sort(dim=-1, descending=True, stable=True)
+    ordered, order = keyed.sort(dim=-1, descending=True)  # ties are averaged: any order will do
     pos = torch.arange(k, device=values.device, dtype=values.dtype).expand_as(ordered)
     starts = torch.ones_like(ordered, dtype=torch.bool)
     starts[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
@@ -87,7 +87,7 @@ class RASCALLoss(nn.Module):
                              f'but this run needs {tuple(self.cache_feat.shape)}: the dataset or --feat_dim differs')
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, features, labels, sample_idx):
+    def _check_inputs(self, features, labels, sample_idx):
         contrast, bsz, n_views = flatten_views(features)
         if contrast.shape[1] != self.feat_dim:
             raise ValueError(f'features have {contrast.shape[1]} dims, the cache has feat_dim={self.feat_dim}')
@@ -97,33 +97,56 @@ class RASCALLoss(nn.Module):
                              f'must have one entry per sample ({bsz})')
         if bool(((sample_idx < 0) | (sample_idx >= self.num_samples)).any()):
             raise ValueError(f'sample_idx must lie in [0, {self.num_samples})')
-        device = features.device
-        with torch.autocast(device_type=device.type, enabled=False):
+        return contrast, labels, sample_idx, bsz, n_views
+
+    def forward(self, features, labels, sample_idx):
+        contrast, labels, sample_idx, bsz, n_views = self._check_inputs(features, labels, sample_idx)
+        with torch.autocast(device_type=features.device.type, enabled=False):
             z = F.normalize(upcast(contrast), dim=1)
-            sims = z @ z.T                                   # reused for logits and ranking
             m_rows = z.shape[0]
-            eye = torch.eye(m_rows, dtype=torch.bool, device=device)
-            log_prob = masked_log_softmax(sims / self.temperature, ~eye)
-            row_label = labels.repeat(n_views)
-            pos = (row_label[:, None] == row_label[None, :]) & ~eye
+            sims = z @ z.T                                   # reused for the denominator and ranking
+            if m_rows > 1:
+                logits = (sims / self.temperature).fill_diagonal_(-float('inf'))
+                log_denom = torch.logsumexp(logits, dim=1)   # log sum_{a != r} exp(z_r.z_a / tau)
+            else:                                            # nothing to contrast with
+                log_denom = sims.new_zeros(1)
             with torch.no_grad():
-                weights, stats = self._weights(sims.detach(), pos, z.detach(), labels, sample_idx, bsz, n_views)
-            loss = -(self.temperature / self.base_temperature) * (weights * log_prob).sum() / m_rows
+                rows, present, w_blk, stats = self._block_weights(sims.detach(), labels, sample_idx, bsz, n_views)
+            # sum_c W[r,c] log_prob[r,c] = z_r.(sum_c W[r,c] z_c)/tau - (sum_c W[r,c]) log_denom[r], per class block
+            zb = z[rows]                                     # [C, K, D]
+            pos_term = (zb * torch.bmm(w_blk, zb)).sum(-1) / self.temperature
+            per_row = (pos_term - w_blk.sum(-1) * log_denom[rows]) * present
+            loss = -(self.temperature / self.base_temperature) * per_row.sum() / m_rows
             with torch.no_grad():
                 self._update_cache(z.detach().reshape(n_views, bsz, -1).mean(0), sample_idx)
         self.last_stats = stats
         return loss
 
+    @torch.no_grad()
+    def weight_matrix(self, features, labels, sample_idx):
+        """The dense ``[M, M]`` weights ``W`` the next call would use (cache untouched); for tests and analysis."""
+        contrast, labels, sample_idx, bsz, n_views = self._check_inputs(features, labels, sample_idx)
+        z = F.normalize(upcast(contrast), dim=1)
+        rows, present, w_blk, _ = self._block_weights(z @ z.T, labels, sample_idx, bsz, n_views)
+        dense = torch.zeros(z.shape[0], z.shape[0], dtype=z.dtype, device=z.device)
+        pair = present[:, :, None] & present[:, None, :]
+        dense[rows[:, :, None].expand_as(pair)[pair], rows[:, None, :].expand_as(pair)[pair]] = w_blk[pair]
+        return dense
+
     # ------------------------------------------------------------------ weights
-    def _weights(self, sims, pos, z, labels, sample_idx, bsz, n_views):
+    def _block_weights(self, sims, labels, sample_idx, bsz, n_views):
+        """Weights per class block: rows sorted by label, each class padded to K rows.
+
+        Returns ``rows`` ``[C, K]`` (row indices, padding clamped to 0), ``present``
+        ``[C, K]`` (not padding), ``w_blk`` ``[C, K, K]`` (``W`` restricted to the block;
+        zero on padding and the diagonal) and the statistics.
+        """
         device, dtype = sims.device, sims.dtype
         m_rows = sims.shape[0]
-        n_pos = pos.sum(1)
         valid_b = self.cache_valid[sample_idx]
         cache_b = self.cache_feat[sample_idx].to(dtype)
         old_b = cache_b @ cache_b.T                                # [B, B]
 
-        # Per-class blocks: rows sorted by label, each class padded to K rows.
         row_label = labels.repeat(n_views)
         order = torch.argsort(row_label, stable=True)
         _, class_of, counts = torch.unique(row_label[order], return_inverse=True, return_counts=True)
@@ -144,8 +167,7 @@ class RASCALLoss(nn.Module):
 
         denom = (m_blk - 1).clamp(min=1).to(dtype)[..., None]
         rank_cur = fractional_rank_desc(cur, blk_pos)
-        rank_old = fractional_rank_desc(old, blk_pos)
-        drift = (rank_cur - rank_old).abs() / denom * (m_blk >= 2)[..., None]
+        drift = (rank_cur - fractional_rank_desc(old, blk_pos)).abs() / denom * (m_blk >= 2)[..., None]
         uniform = blk_pos.to(dtype) / m_blk.clamp(min=1).to(dtype)[..., None]
         has_pos = m_blk >= 1
         if self.weighting == 'agreement':
@@ -163,9 +185,6 @@ class RASCALLoss(nn.Module):
             ranked = torch.zeros_like(has_pos)
             w_blk = uniform
             drift_rows = has_pos & cache_ok
-        weights = torch.zeros_like(sims)
-        weights[rows[:, :, None].expand_as(blk_pos)[blk_pos], rows[:, None, :].expand_as(blk_pos)[blk_pos]] = \
-            w_blk[blk_pos]
 
         # Statistics, all as tensors (the caller syncs once).
         pair_mask = (drift_rows & (m_blk >= 2))[..., None] & blk_pos
@@ -177,14 +196,14 @@ class RASCALLoss(nn.Module):
         ent = -(w_blk * torch.log(w_blk.clamp(min=1e-30))).sum(-1)
         self.last_drift_hist = torch.histc(drifts.float(), bins=DRIFT_BINS, min=0, max=1)
         stats = {
-            'avg_pos_per_anchor': n_pos.float().mean(),
+            'avg_pos_per_anchor': m_blk.sum().to(torch.float32) / m_rows,
             'cache_hit_rate': valid_b.float().mean(),
             'ranked_row_rate': (ranked & has_pos).sum() / has_pos.sum().clamp(min=1),
             'rank_drift_mean': drift_mean,
             'rank_drift_std': drift_std,
             'w_entropy': (ent * multi).sum() / multi.sum().clamp(min=1),
         }
-        return weights, stats
+        return rows, present, w_blk, stats
 
     def _update_cache(self, mean_views, sample_idx):
         """cache[i] = normalize(mean of the view-means of every occurrence of i); deterministic."""

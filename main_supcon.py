@@ -1,40 +1,65 @@
-"""Stage 1: supervised (SupCon) or self-supervised (SimCLR) contrastive pre-training.
+"""Stage 1: contrastive pre-training: SupCon, SimCLR, or RASCAL (rank-agreement weighted SupCon).
 
-    python main_supcon.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
+    python main_supcon.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.2 --temp 0.1 --cosine
+    python main_supcon.py --method RASCAL --rascal_weighting agreement ...
 """
 import torch
 
 from data import TwoCropTransform, build_dataset, build_loader, build_transform
+from datasets_indexed import IndexedDataset
 from engine import fit, prepare_model, train_loop
 from losses import SupConLoss
+from losses_rascal import DRIFT_BINS, RASCALLoss
 from networks import SupConResNet
 from options import parse_option
 from util import autocast, grad_scaler, run_cli, set_optimizer, set_seed, to_device
+
+
+def build_criterion(opt, train_set):
+    if opt.method == 'RASCAL':
+        # the cache is sized by the dataset and the head; it travels in checkpoints
+        return RASCALLoss(len(train_set), opt.feat_dim, temperature=opt.temp, base_temperature=opt.temp,
+                          weighting=opt.rascal_weighting, persistent_cache=True).to(opt.device)
+    return SupConLoss(temperature=opt.temp)
 
 
 def main(argv=None):
     opt = parse_option('supcon', argv)
     set_seed(opt.seed)
     train_set = build_dataset(opt, True, TwoCropTransform(build_transform(opt, 'contrastive')))
+    if opt.method == 'RASCAL':
+        train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True)
     model = prepare_model(opt, SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim))
-    criterion = SupConLoss(temperature=opt.temp)
+    criterion = build_criterion(opt, train_set)
     optimizer = set_optimizer(opt, model.parameters())
     scaler = grad_scaler(opt)
+    drift_hist = torch.zeros(DRIFT_BINS, device=opt.device)
 
     def step(batch):
-        images, labels = batch
+        images, labels = batch[0], batch[1].to(opt.device)
         bsz = labels.shape[0]
         images = to_device(opt, torch.cat(images, dim=0))
-        labels = labels.to(opt.device)
         with autocast(opt):
             features = model(images)
         features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
-        loss = criterion(features, labels if opt.method == 'SupCon' else None)
-        return loss, bsz, {}
+        if opt.method == 'RASCAL':
+            loss = criterion(features, labels, batch[2].to(opt.device))
+            drift_hist.add_(criterion.last_drift_hist)
+            return loss, bsz, {f'rascal/{k}': v for k, v in criterion.last_stats.items()}
+        return criterion(features, labels if opt.method == 'SupCon' else None), bsz, {}
 
+    def train_epoch(epoch):
+        model.train()
+        drift_hist.zero_()
+        metrics = train_loop(opt, loader, optimizer, scaler, epoch, step, opt.method)
+        if opt.method == 'RASCAL':
+            metrics['hist/rascal/rank_drift'] = drift_hist.cpu().clone()
+        return metrics
+
+    extra = {'criterion': criterion} if opt.method == 'RASCAL' else None
     print(f'run folder: {opt.run_folder}')
-    fit(opt, model, optimizer, lambda epoch: train_loop(opt, loader, optimizer, scaler, epoch, step, opt.method))
+    fit(opt, model, optimizer, train_epoch, extra=extra)
     print(f'checkpoint: {opt.run_folder}/last.pth')
 
 

@@ -70,7 +70,9 @@ def build_parser(script):
     p.add_argument('--data_folder', default=None, help='default: ./datasets/')
     p.add_argument('--size', type=int, default=None, help='image size (default: 16 for digits, 32 otherwise)')
     if script == 'supcon':
-        p.add_argument('--method', choices=['SupCon', 'SimCLR'], default='SupCon')
+        p.add_argument('--method', choices=['SupCon', 'SimCLR', 'RASCAL'], default='SupCon')
+        p.add_argument('--rascal_weighting', choices=['agreement', 'current', 'uniform'], default=None,
+                       help='RASCAL positive weights (default agreement; current/uniform are ablations)')
         p.add_argument('--temp', type=float, default=0.07, help='loss temperature')
         p.add_argument('--head', choices=['mlp', 'linear'], default='mlp')
         p.add_argument('--feat_dim', type=int, default=128)
@@ -107,6 +109,10 @@ def validate(opt, script):
     if script == 'supcon':
         _check(opt.temp > 0, f'--temp must be > 0, got {opt.temp}')
         _check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
+        _check(opt.rascal_weighting is None or opt.method == 'RASCAL',
+               f'--rascal_weighting needs --method RASCAL (got --method {opt.method})')
+        if opt.method == 'RASCAL' and opt.rascal_weighting is None:
+            opt.rascal_weighting = 'agreement'
     if script == 'linear':
         _check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         _check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
@@ -123,7 +129,10 @@ def validate(opt, script):
 def run_name(opt, script):
     """SupContrast's naming of a run folder from its settings."""
     if script == 'supcon':
-        name = (f'{opt.method}_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
+        method = opt.method
+        if opt.method == 'RASCAL' and opt.rascal_weighting != 'agreement':
+            method += f'-{opt.rascal_weighting}'
+        name = (f'{method}_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
                 f'_bsz_{opt.batch_size}_temp_{opt.temp}_trial_{opt.trial}')
     elif script == 'ce':
         name = (f'SupCE_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'

@@ -176,8 +176,8 @@ class RunLogger:
     def log(self, epoch, metrics, histograms=None):
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, epoch)
-        for key, values in (histograms or {}).items():
-            self.writer.add_histogram(key, values, epoch)
+        for key, counts in (histograms or {}).items():
+            self._histogram(key, counts, epoch)
         self.writer.flush()
         self.rows.append({'epoch': epoch, **{k: f'{v:.6g}' for k, v in metrics.items()}})
         fields = ['epoch'] + sorted({k for r in self.rows for k in r} - {'epoch'})
@@ -187,6 +187,21 @@ class RunLogger:
             w.writeheader()
             w.writerows(self.rows)
         os.replace(tmp, self.csv_path)
+
+    def _histogram(self, key, counts, epoch):
+        """``counts``: bucket counts over equal bins of [0, 1]."""
+        counts = torch.as_tensor(counts, dtype=torch.float64).cpu()
+        num = float(counts.sum())
+        if num == 0:
+            return
+        edges = torch.linspace(0, 1, len(counts) + 1, dtype=torch.float64)
+        centers = (edges[1:] + edges[:-1]) / 2
+        nonzero = torch.nonzero(counts).flatten()
+        self.writer.add_histogram_raw(key, min=float(edges[nonzero[0]]), max=float(edges[nonzero[-1] + 1]),
+                                      num=num, sum=float((counts * centers).sum()),
+                                      sum_squares=float((counts * centers ** 2).sum()),
+                                      bucket_limits=edges[1:].tolist(), bucket_counts=counts.tolist(),
+                                      global_step=epoch)
 
     def close(self):
         self.writer.close()
