@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from losses_carrot import grad_balanced_total_loss
 from checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from options import config_dict
-from util import (AverageMeter, RunLogger, UserError, accuracy, adjust_learning_rate, autocast,
+from util import (AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast,
                   get_rng_state, set_rng_state, to_device, warmup_learning_rate)
 
 
@@ -24,6 +25,15 @@ def prepare_model(opt, model):
     if opt.device.type == 'cuda':
         torch.backends.cudnn.benchmark = True
     return model
+
+
+def carrot_term(opt, carrot, base, h, labels, params=()):
+    """``base + alpha * CARROT(h, labels)`` (alpha gradient-balanced unless ``--carrot_weight``) and
+    the step's statistics. ``params``: parameters between ``h`` and ``base`` (head, classifier)."""
+    reg, stats = carrot(h, labels)
+    total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=opt.carrot_weight,
+                                            alpha_max=opt.carrot_alpha_max)
+    return total, {**{f'carrot/{k}': v for k, v in stats.items()}, 'carrot/alpha': alpha}
 
 
 def progress(iterable, desc, total=None):
@@ -66,17 +76,23 @@ def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
 
 
 @torch.no_grad()
-def evaluate(opt, loader, predict, prefix):
-    """Cross-entropy loss and top-1 accuracy of ``predict(images) -> logits`` over ``loader``."""
-    loss_m, acc_m = AverageMeter(), AverageMeter()
+def evaluate(opt, loader, predict, prefix, num_classes):
+    """Over ``loader``: cross-entropy (= NLL) loss, top-1 accuracy, and the expected calibration
+    error (15 equal-width confidence bins, torchmetrics) of ``predict(images) -> logits``."""
+    from torchmetrics.classification import MulticlassCalibrationError
+    ece = MulticlassCalibrationError(num_classes=num_classes, n_bins=15, norm='l1').to(opt.device)
+    loss_sum, correct, count = 0.0, 0.0, 0
     for images, labels in progress(loader, f'eval {prefix}'):
         images, labels = to_device(opt, images), labels.to(opt.device)
         with autocast(opt):
             logits = predict(images)
         logits = logits.float()
-        loss_m.update(F.cross_entropy(logits, labels).item(), len(labels))
-        acc_m.update(accuracy(logits, labels)[0].item(), len(labels))
-    return {f'{prefix}/loss': loss_m.avg, f'{prefix}/acc': acc_m.avg}
+        loss_sum += F.cross_entropy(logits, labels, reduction='sum').item()
+        correct += (logits.argmax(1) == labels).sum().item()
+        count += len(labels)
+        ece.update(logits.softmax(1), labels)
+    return {f'{prefix}/loss': loss_sum / count, f'{prefix}/acc': 100.0 * correct / count,
+            f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': float(ece.compute())}
 
 
 def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, extra=None):

@@ -1,11 +1,13 @@
-"""Cross-entropy baseline (an encoder and a linear layer trained end to end).
+"""Cross-entropy baseline (an encoder and a linear layer trained end to end), optionally with
+CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and ECE.
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
 import torch.nn as nn
 
 from data import build_dataset, build_loader, build_transform, num_classes
-from engine import evaluate, fit, prepare_model, train_loop
+from engine import carrot_term, evaluate, fit, prepare_model, train_loop
+from losses_carrot import CARROT
 from networks import SupCEResNet
 from options import parse_option
 from util import accuracy, autocast, grad_scaler, run_cli, set_optimizer, set_seed, to_device
@@ -23,12 +25,19 @@ def main(argv=None):
     optimizer = set_optimizer(opt, model.parameters())
     scaler = grad_scaler(opt)
 
+    carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+
     def step(batch):
         images, labels = to_device(opt, batch[0]), batch[1].to(opt.device)
         with autocast(opt):
-            logits = model(images)
+            h = model.encoder(images)
+            logits = model.fc(h)
         loss = criterion(logits.float(), labels)
-        return loss, labels.shape[0], {'acc': accuracy(logits, labels)[0]}
+        stats = {'acc': accuracy(logits, labels)[0]}
+        if carrot is not None:   # on the penultimate (encoder) features
+            loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels, model.fc.parameters())
+            stats.update(carrot_stats)
+        return loss, labels.shape[0], stats
 
     def train_epoch(epoch):
         model.train()
@@ -36,12 +45,13 @@ def main(argv=None):
 
     def evaluate_epoch(epoch):
         model.eval()
-        return evaluate(opt, test_loader, model, 'test')
+        return evaluate(opt, test_loader, model, 'test', num_classes(train_set))
 
     print(f'run folder: {opt.run_folder}')
     last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc')
+    last = last or best
     print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')
-    print(f'final test top-1: {last.get("test/acc", best["test/acc"]):.2f}')
+    print(f'final test top-1: {last["test/acc"]:.2f}, NLL {last["test/nll"]:.4f}, ECE {last["test/ece"]:.4f}')
 
 
 if __name__ == '__main__':

@@ -84,7 +84,7 @@ def main(argv=None):
         classifier.eval()
         out = {}
         for split, loader in loaders.items():
-            out.update(evaluate(opt, loader, predict, split))
+            out.update(evaluate(opt, loader, predict, split, n_cls))
         return out
 
     print(f'run folder: {opt.run_folder}')
@@ -92,6 +92,7 @@ def main(argv=None):
     last, best = fit(opt, classifier, optimizer, train_epoch, evaluate_epoch, select=select)
     last = last or best
     results = {'ckpt': os.path.abspath(opt.ckpt), 'final_test_acc': last['test/acc'],
+               'final_test_nll': last['test/nll'], 'final_test_ece': last['test/ece'],
                'best_epoch': best['epoch'], 'best_epoch_test_acc': best['test/acc'], 'selected_by': select}
     if opt.val_split > 0:
         results['best_val_acc'] = best['val/acc']
@@ -102,6 +103,7 @@ def main(argv=None):
               f'test top-1 there: {best["test/acc"]:.2f}')
     else:
         print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')
+    print(f'final test NLL: {last["test/nll"]:.4f}, ECE (15 bins): {last["test/ece"]:.4f}')
     print(f'final test top-1: {last["test/acc"]:.2f}')
 
 

@@ -1,14 +1,17 @@
-"""Stage 1: contrastive pre-training: SupCon, SimCLR, or RASCAL (rank-agreement weighted SupCon).
+"""Stage 1: contrastive pre-training: SupCon, SimCLR, or RASCAL (rank-agreement weighted SupCon),
+optionally with the CARROT regularizer (--carrot).
 
     python main_supcon.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.2 --temp 0.1 --cosine
     python main_supcon.py --method RASCAL --rascal_weighting agreement ...
 """
 import torch
+import torch.nn.functional as F
 
 from data import TwoCropTransform, build_dataset, build_loader, build_transform
 from datasets_indexed import IndexedDataset
-from engine import fit, prepare_model, train_loop
+from engine import carrot_term, fit, prepare_model, train_loop
 from losses import SupConLoss
+from losses_carrot import CARROT
 from losses_rascal import DRIFT_BINS, RASCALLoss
 from networks import SupConResNet
 from options import parse_option
@@ -34,20 +37,30 @@ def main(argv=None):
     criterion = build_criterion(opt, train_set)
     optimizer = set_optimizer(opt, model.parameters())
     scaler = grad_scaler(opt)
+    carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
     drift_hist = torch.zeros(DRIFT_BINS, device=opt.device)
 
     def step(batch):
         images, labels = batch[0], batch[1].to(opt.device)
-        bsz = labels.shape[0]
-        images = to_device(opt, torch.cat(images, dim=0))
+        bsz, n_views = labels.shape[0], len(images)
+        images = to_device(opt, torch.cat(images, dim=0))            # view-major rows: v * bsz + b
         with autocast(opt):
-            features = model(images)
+            h_enc, h_proj = model.forward_parts(images)
+        features = F.normalize(h_proj, dim=1)
         features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
+        stats = {}
         if opt.method == 'RASCAL':
             loss = criterion(features, labels, batch[2].to(opt.device))
             drift_hist.add_(criterion.last_drift_hist)
-            return loss, bsz, {f'rascal/{k}': v for k, v in criterion.last_stats.items()}
-        return criterion(features, labels if opt.method == 'SupCon' else None), bsz, {}
+            stats = {f'rascal/{k}': v for k, v in criterion.last_stats.items()}
+        else:
+            loss = criterion(features, labels if opt.method == 'SupCon' else None)
+        if carrot is not None:
+            # rows of h are view-major like the images, so labels are repeated (not interleaved)
+            h, params = (h_enc, model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
+            loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels.repeat(n_views), params)
+            stats.update(carrot_stats)
+        return loss, bsz, stats
 
     def train_epoch(epoch):
         model.train()

@@ -76,6 +76,16 @@ def build_parser(script):
         p.add_argument('--temp', type=float, default=0.07, help='loss temperature')
         p.add_argument('--head', choices=['mlp', 'linear'], default='mlp')
         p.add_argument('--feat_dim', type=int, default=128)
+    if script in ('supcon', 'ce'):
+        p.add_argument('--carrot', action='store_true', help='add the CARROT corridor regularizer (needs labels)')
+        if script == 'supcon':
+            p.add_argument('--carrot_on', choices=['encoder', 'head'], default=None,
+                           help='CARROT on the encoder output (default) or the projection output')
+        p.add_argument('--carrot_q_hi', type=float, default=0.9, help='CARROT: negative quantile for L')
+        p.add_argument('--carrot_q_lo', type=float, default=0.1, help='CARROT: lower negative quantile')
+        p.add_argument('--carrot_weight', type=float, default=None,
+                       help='CARROT: fixed weight instead of gradient balancing')
+        p.add_argument('--carrot_alpha_max', type=float, default=None, help='CARROT: cap on the balanced weight')
     if script == 'linear':
         p.add_argument('--ckpt', default='', help='stage-1 checkpoint (ours or the original SupContrast\'s)')
         p.add_argument('--val_split', type=float, default=0.0,
@@ -113,6 +123,8 @@ def validate(opt, script):
                f'--rascal_weighting needs --method RASCAL (got --method {opt.method})')
         if opt.method == 'RASCAL' and opt.rascal_weighting is None:
             opt.rascal_weighting = 'agreement'
+    if script in ('supcon', 'ce'):
+        validate_carrot(opt, script)
     if script == 'linear':
         _check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         _check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
@@ -124,6 +136,21 @@ def validate(opt, script):
         _check(opt.mean and opt.std, '--dataset path needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
     if opt.std is not None:
         _check(all(v > 0 for v in opt.std), f'--std must be > 0, got {opt.std}')
+
+
+def validate_carrot(opt, script):
+    if not opt.carrot:
+        given = [f for f in ('carrot_on', 'carrot_weight', 'carrot_alpha_max') if getattr(opt, f, None) is not None]
+        _check(not given, f'--{given[0] if given else ""} needs --carrot')
+        return
+    _check(script != 'supcon' or opt.method != 'SimCLR',
+           '--carrot needs class labels: use it with --method SupCon or RASCAL, not SimCLR')
+    _check(0 <= opt.carrot_q_lo < opt.carrot_q_hi <= 1,
+           f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {opt.carrot_q_lo} and {opt.carrot_q_hi}')
+    _check(opt.carrot_weight is None or opt.carrot_weight >= 0, '--carrot_weight must be >= 0')
+    _check(opt.carrot_alpha_max is None or opt.carrot_alpha_max > 0, '--carrot_alpha_max must be > 0')
+    if script == 'supcon' and opt.carrot_on is None:
+        opt.carrot_on = 'encoder'
 
 
 def run_name(opt, script):
@@ -141,6 +168,8 @@ def run_name(opt, script):
         pretrain = os.path.basename(os.path.dirname(os.path.abspath(opt.ckpt)))
         stem = os.path.splitext(os.path.basename(opt.ckpt))[0]
         name = f'{pretrain}_{stem}_lr_{opt.learning_rate}_bsz_{opt.batch_size}_trial_{opt.trial}'
+    if getattr(opt, 'carrot', False):
+        name += '_carrot' + ('-head' if getattr(opt, 'carrot_on', None) == 'head' else '')
     if opt.cosine:
         name += '_cosine'
     if opt.warm:

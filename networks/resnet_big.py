@@ -146,6 +146,11 @@ class SupConResNet(nn.Module):
     def forward(self, x):
         return F.normalize(self.head(self.encoder(x)), dim=1)
 
+    def forward_parts(self, x):
+        """(encoder output, projection before normalization); ``forward`` normalizes the latter."""
+        h = self.encoder(x)
+        return h, self.head(h)
+
 
 class SupCEResNet(nn.Module):
     """Encoder + linear classifier, trained with cross-entropy."""

@@ -1,0 +1,151 @@
+"""CARROT: the same-class similarity corridor regularizer (``../shared/spec/CARROT.md``)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+STAT_NAMES = ('L', 'U', 'num_pos', 'num_neg', 'pos_mean', 'pos_max', 'frac_pos_above_U', 'frac_pos_below_L',
+              'reg')
+
+
+def pair_quantiles(values, valid, qs, count=None):
+    """Linear-interpolation quantiles (``torch.quantile``'s default) of the ordered-pair multiset.
+
+    ``values`` ``[n, n]`` symmetric, ``valid`` ``[n, n]`` symmetric bool with a zero diagonal.
+    Each unordered pair appears twice among the ordered pairs, so the k-th smallest ordered value is
+    the (k // 2)-th smallest unordered one: the selection runs on the upper triangle, by
+    ``kthvalue`` (no size cap, unlike ``torch.quantile``). ``count``: the number of valid unordered
+    pairs if already known on the host. Returns a tensor of ``len(qs)`` values.
+    """
+    n = values.shape[0]
+    upper = valid & torch.ones(n, n, dtype=torch.bool, device=values.device).triu(1)
+    flat = values.masked_fill(~upper, float('inf')).flatten()     # candidates first, padding last
+    if count is None:
+        count = int(upper.sum())                                  # unordered pairs
+    out = []
+    for q in qs:
+        pos = q * (2 * count - 1)                                 # position among ordered pairs
+        lo = int(pos)
+        frac = pos - lo
+        a = torch.kthvalue(flat, lo // 2 + 1).values
+        hi = min(lo + 1, 2 * count - 1) // 2
+        if hi == lo // 2:
+            b = a
+        else:  # the next order statistic: a again if it is tied, else the smallest value above it
+            n_le = (flat <= a).sum()
+            above = flat.masked_fill(flat <= a, float('inf')).min()
+            b = torch.where(n_le > hi, a, above)
+        out.append(a + (b - a) * frac)
+    return torch.stack(out)
+
+
+def carrot_rows(features, labels):
+    """``[B, V, D]`` -> (``[V*B, D]`` view-major rows as SupConLoss orders them, labels repeated to match)."""
+    n_views = features.shape[1]
+    return torch.cat(torch.unbind(features, dim=1), dim=0), labels.reshape(-1).repeat(n_views)
+
+
+class CARROT(nn.Module):
+    """Same-class corridor regularizer ``R(h, y)`` (spec: CARROT.md).
+
+    ``z = normalize(h)``, ``S = clamp(z z^T, -1, 1)`` in float32 (also under autocast). Walls from the
+    batch's negative pairs (``y_i != y_j``): ``L = quantile(S_neg, q_hi)``,
+    ``U = 1 - max(quantile(S_neg, q_hi) - quantile(S_neg, q_lo), 0)`` clipped to ``[L + 1e-3, 0.999]``;
+    both detached. Over the ordered positive pairs (``i != j``, ``y_i = y_j``)::
+
+        R = mean_{(i,j) positive} relu(L - S_ij)^2 + relu(S_ij - U)^2
+
+    ``R = 0`` (with zero gradient) when the batch has no positive or no negative pair.
+
+    Shapes: ``h`` ``[n, D]`` (any float dtype; flatten ``[B, V, D]`` yourself and repeat ``y`` in the
+    same order), ``y`` ``[n]``. Returns ``(reg, stats)``: a float32 scalar and a dict of 0-d tensors
+    (``STAT_NAMES``; no host sync).
+    """
+
+    def __init__(self, q_hi=0.9, q_lo=0.1):
+        super().__init__()
+        if not 0 <= q_lo < q_hi <= 1:
+            raise ValueError(f'need 0 <= q_lo < q_hi <= 1, got q_lo={q_lo}, q_hi={q_hi}')
+        self.q_hi, self.q_lo = q_hi, q_lo
+
+    def forward(self, h, y):
+        if h.dim() != 2:
+            raise ValueError(f'h must be [n, D], got {list(h.shape)}; flatten views first')
+        y = y.reshape(-1)
+        if y.shape[0] != h.shape[0]:
+            raise ValueError(f'{y.shape[0]} labels for {h.shape[0]} rows')
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            z = F.normalize(h.float(), dim=1)
+            sims = (z @ z.T).clamp(-1, 1)
+            n = sims.shape[0]
+            same = y[:, None] == y[None, :]
+            eye = torch.eye(n, dtype=torch.bool, device=h.device)
+            pos, neg = same & ~eye, ~same
+            zero = sims.new_zeros(())
+            num_pos, num_neg = torch.stack([pos.sum(), neg.sum()]).tolist()   # the one host sync per call
+            if num_pos == 0 or num_neg == 0:
+                reg = (sims * 0).sum()
+                stats = dict(L=zero, U=zero, num_pos=zero + num_pos, num_neg=zero + num_neg, pos_mean=zero,
+                             pos_max=zero, frac_pos_above_U=zero, frac_pos_below_L=zero, reg=zero)
+                return reg, stats
+            with torch.no_grad():
+                q_hi, q_lo = pair_quantiles(sims.detach(), neg, (self.q_hi, self.q_lo), count=num_neg // 2)
+                lower = q_hi
+                upper = (1 - (q_hi - q_lo).clamp(min=0)).clamp(min=lower + 1e-3).clamp(max=0.999)
+            s_pos = sims[pos]
+            reg = (F.relu(lower - s_pos) ** 2 + F.relu(s_pos - upper) ** 2).mean()
+            with torch.no_grad():
+                sp = s_pos.detach()
+                stats = dict(L=lower, U=upper, num_pos=zero + num_pos, num_neg=zero + num_neg,
+                             pos_mean=sp.mean(), pos_max=sp.max(), frac_pos_above_U=(sp > upper).float().mean(),
+                             frac_pos_below_L=(sp < lower).float().mean(), reg=reg.detach())
+        return reg, stats
+
+
+class _InjectGrad(torch.autograd.Function):
+    """A scalar whose backward hands precomputed gradients (times the incoming one) to ``inputs``."""
+
+    @staticmethod
+    def forward(ctx, value, grads, *inputs):
+        ctx.grads = grads
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return (None, None, *[grad_out * g if g is not None else None for g in ctx.grads])
+
+
+def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=None):
+    """``total = loss_base + alpha * reg`` with ``alpha = ||d base/d h|| / (||d reg/d h|| + 1e-12)``.
+
+    ``h`` is the one tensor both terms depend on (e.g. the encoder output). ``alpha`` is detached;
+    ``0`` when ``reg`` has no gradient (every positive inside the corridor). ``weight`` fixes alpha
+    instead of balancing; ``alpha_max`` caps it.
+
+    The two gradients w.r.t. ``h`` are computed once and reused: ``total.backward()`` sends
+    ``d base/d h + alpha * d reg/d h`` into ``h`` (the backbone is back-propagated once) and the base
+    loss's gradients to ``params``, the parameters between ``h`` and the base loss (a projection head,
+    a classifier), so the loss head is not back-propagated twice. Every parameter the base loss
+    reaches without passing through ``h`` must be in ``params``.
+    Returns ``(total, alpha)``.
+    """
+    params = [p for p in params if p.requires_grad]
+    inputs = [h, *params]
+    g_base = torch.autograd.grad(loss_base, inputs, retain_graph=reg.requires_grad, allow_unused=True)
+    g_base = [torch.zeros_like(x) if g is None else g for g, x in zip(g_base, inputs)]
+    if reg.requires_grad:
+        (g_reg,) = torch.autograd.grad(reg, h, allow_unused=True)
+    else:
+        g_reg = None
+    if g_reg is None:
+        g_reg = torch.zeros_like(h)
+    if weight is not None:
+        alpha = torch.as_tensor(float(weight), device=h.device)
+    else:
+        reg_norm = g_reg.float().norm()
+        alpha = torch.where(reg_norm > 0, g_base[0].float().norm() / (reg_norm + 1e-12), torch.zeros_like(reg_norm))
+    if alpha_max is not None:
+        alpha = alpha.clamp(max=float(alpha_max))
+    g_h = g_base[0] + alpha.to(g_reg.dtype) * g_reg
+    value = loss_base.detach() + (alpha * reg.detach().float()).to(loss_base.dtype)
+    total = _InjectGrad.apply(value, [g_h.to(h.dtype), *g_base[1:]], h, *params)
+    return total, alpha.detach()

@@ -1,0 +1,184 @@
+"""CARROT against a plain reference written from ../shared/spec/CARROT.md."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from losses import SupConLoss
+from losses_carrot import CARROT, carrot_rows, grad_balanced_total_loss, pair_quantiles
+
+
+def reference_carrot(h, y, q_hi=0.9, q_lo=0.1):
+    """Loops over ordered pairs; torch.quantile for the walls. Returns (reg, L, U) or (0, None, None)."""
+    z = F.normalize(h.double(), dim=1)
+    S = (z @ z.T).clamp(-1, 1)
+    n = len(y)
+    negs = [S[i, j].detach() for i in range(n) for j in range(n) if y[i] != y[j]]
+    pos = [(i, j) for i in range(n) for j in range(n) if i != j and y[i] == y[j]]
+    if not negs or not pos:
+        return h.sum() * 0.0, None, None
+    negs = torch.stack(negs)
+    hi, lo = torch.quantile(negs, q_hi), torch.quantile(negs, q_lo)
+    L = hi
+    U = min(max(1 - max(hi - lo, 0), L + 1e-3), 0.999)
+    terms = [F.relu(L - S[i, j]) ** 2 + F.relu(S[i, j] - U) ** 2 for i, j in pos]
+    return torch.stack(terms).mean(), float(L), float(U)
+
+
+def rand(n, d, seed=0, dtype=torch.float64):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@pytest.mark.parametrize('seed', range(4))
+@pytest.mark.parametrize('qs', [(0.9, 0.1), (0.75, 0.25), (1.0, 0.0)])
+def test_matches_reference(seed, qs):
+    h = rand(14, 6, seed)
+    y = torch.randint(0, 3, (14,), generator=torch.Generator().manual_seed(seed))
+    x1, x2 = h.clone().requires_grad_(True), h.clone().requires_grad_(True)
+    reg, stats = CARROT(*qs)(x1, y)
+    want, L, U = reference_carrot(x2, y, *qs)
+    torch.testing.assert_close(reg.double(), want, rtol=1e-5, atol=1e-7)
+    assert float(stats['L']) == pytest.approx(L, rel=1e-5) and float(stats['U']) == pytest.approx(U, rel=1e-5)
+    reg.backward()
+    want.backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-4, atol=1e-6)   # L, U detached in both
+
+
+def test_ties_quantized():
+    h = torch.tensor([[1., 0], [1, 0], [0, 1], [0, 1], [1, 1], [1, -1], [-1, 0], [1, 0]])
+    y = torch.tensor([0, 1, 0, 1, 2, 2, 0, 1])
+    reg, stats = CARROT()(h.double(), y)
+    want, L, U = reference_carrot(h, y)
+    torch.testing.assert_close(reg.double(), want.double(), rtol=1e-5, atol=1e-7)
+    assert float(stats['L']) == pytest.approx(L, abs=1e-6) and float(stats['U']) == pytest.approx(U, abs=1e-6)
+
+
+@pytest.mark.parametrize('q', [0.0, 0.1, 0.37, 0.5, 0.9, 0.999, 1.0])
+def test_pair_quantiles_equal_torch_quantile(q):
+    for seed in range(3):
+        z = F.normalize(rand(30, 4, seed), dim=1)
+        S = (z @ z.T).round(decimals=1)                     # rounding forces ties
+        y = torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(seed))
+        neg = y[:, None] != y[None, :]
+        got = pair_quantiles(S, neg, (q,))[0]
+        torch.testing.assert_close(got, torch.quantile(S[neg], q), rtol=1e-6, atol=1e-9)
+
+
+def test_large_batch_beyond_torch_quantile():
+    """n = 4200 rows: 17.6 M negative pairs, past the 2**24 elements torch.quantile accepts."""
+    z = F.normalize(rand(4200, 8, 1, dtype=torch.float32), dim=1)
+    y = torch.arange(4200) % 1000
+    neg = y[:, None] != y[None, :]
+    S = z @ z.T
+    got = pair_quantiles(S, neg, (0.9, 0.1))
+    want = np.quantile(S[neg].double().numpy(), [0.9, 0.1])
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-6)
+    reg, stats = CARROT()(z, y)
+    assert torch.isfinite(reg) and float(stats['L']) == pytest.approx(float(want[0]), rel=1e-5)
+
+
+@pytest.mark.parametrize('case', ['one_class', 'all_distinct', 'B1'])
+def test_degenerate_batches(case):
+    y = {'one_class': torch.zeros(6, dtype=torch.long), 'all_distinct': torch.arange(6),
+         'B1': torch.tensor([3])}[case]
+    h = rand(len(y), 5).requires_grad_(True)
+    reg, stats = CARROT()(h, y)
+    assert reg.item() == 0.0 and all(torch.isfinite(v) for v in stats.values())
+    base = h.pow(2).sum()
+    total, alpha = grad_balanced_total_loss(base, reg, h)
+    total.backward()
+    assert alpha.item() == 0.0 and torch.isfinite(h.grad).all()
+    torch.testing.assert_close(h.grad, 2 * h.detach())
+
+
+def _setup(seed=0):
+    torch.manual_seed(seed)
+    head = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 4)).double()
+    h = rand(16, 6, seed).requires_grad_(True)
+    y = torch.arange(16) % 3
+    return head, h, y
+
+
+def base_loss(head, h, y):
+    f = F.normalize(head(h), dim=1)
+    return SupConLoss(0.1)(f[:, None], y)
+
+
+def test_alpha_is_ratio_of_gradient_norms_and_gradients_are_right():
+    head, h, y = _setup()
+    reg, _ = CARROT(0.75, 0.25)(h, y)
+    base = base_loss(head, h, y)
+    (gb,) = torch.autograd.grad(base, h, retain_graph=True)
+    (gr,) = torch.autograd.grad(reg, h, retain_graph=True)
+    total, alpha = grad_balanced_total_loss(base, reg, h, params=head.parameters())
+    assert float(gr.norm()) > 0
+    assert float(alpha) == pytest.approx(float(gb.norm() / (gr.norm() + 1e-12)), rel=1e-6)
+    torch.testing.assert_close(total, base.detach() + alpha * reg.detach())
+    total.backward()
+    got = [h.grad.clone()] + [p.grad.clone() for p in head.parameters()]
+    # the same with a plain backward of base + alpha * reg (alpha a constant)
+    head2, h2, _ = _setup()
+    head2.load_state_dict(head.state_dict())
+    reg2, _ = CARROT(0.75, 0.25)(h2, y)
+    (base_loss(head2, h2, y) + alpha * reg2).backward()
+    want = [h2.grad] + [p.grad for p in head2.parameters()]
+    for a, b in zip(got, want):   # CARROT's similarities are float32: float32 tolerance
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_alpha_zero_inside_corridor_and_options():
+    # two tight classes far apart: every positive between L and U
+    # three classes in orthogonal planes: negatives exactly 0 (L = 0, U = 0.999), positives at 0.6
+    h = torch.zeros(6, 6, dtype=torch.float64)
+    for c in range(3):
+        h[2 * c, 2 * c:2 * c + 2] = torch.tensor([1.0, 0.5])
+        h[2 * c + 1, 2 * c:2 * c + 2] = torch.tensor([1.0, -0.5])
+    h.requires_grad_(True)
+    y = torch.tensor([0, 0, 1, 1, 2, 2])
+    reg, stats = CARROT()(h, y)
+    assert float(stats['L']) == 0 and float(stats['U']) == pytest.approx(0.999) and float(reg) == 0
+    assert float(stats['frac_pos_above_U']) == 0 and float(stats['frac_pos_below_L']) == 0
+    _, alpha = grad_balanced_total_loss(h.pow(2).sum(), reg, h)
+    assert float(alpha) == 0.0
+    head, h, y = _setup(1)
+    reg, _ = CARROT(0.75, 0.25)(h, y)
+    _, fixed = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), weight=0.3)
+    assert float(fixed) == pytest.approx(0.3)
+    reg, _ = CARROT(0.75, 0.25)(h, y)
+    _, capped = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), alpha_max=1e-6)
+    assert float(capped) == pytest.approx(1e-6)
+
+
+def test_bf16_autocast_similarities_in_float32():
+    h, y = rand(12, 8, 3, dtype=torch.float32), torch.arange(12) % 3
+    want, _ = CARROT(0.75, 0.25)(h, y)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        got, stats = CARROT(0.75, 0.25)(h.bfloat16(), y)
+        same, _ = CARROT(0.75, 0.25)(h, y)
+    assert got.dtype == torch.float32 and stats['L'].dtype == torch.float32
+    torch.testing.assert_close(same, want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got, want, rtol=0.1, atol=1e-3)
+
+
+def test_multiview_label_order():
+    """carrot_rows flattens [B, V, D] view-major and repeats labels to match; the other order differs."""
+    feats = torch.randn(5, 2, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 1, 2])
+    h, y = carrot_rows(feats, labels)
+    rows = [feats[b, v] for v in range(2) for b in range(5)]
+    assert torch.equal(h, torch.stack(rows)) and y.tolist() == [0, 0, 1, 1, 2] * 2
+    good, _ = CARROT(0.75, 0.25)(h, y)
+    wrong, _ = CARROT(0.75, 0.25)(h, labels.repeat_interleave(2))
+    want, _, _ = reference_carrot(torch.stack(rows), [int(labels[b]) for v in range(2) for b in range(5)], 0.75, 0.25)
+    torch.testing.assert_close(good.double(), want, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(good, wrong)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match='q_lo < q_hi'):
+        CARROT(q_hi=0.1, q_lo=0.9)
+    with pytest.raises(ValueError, match='flatten'):
+        CARROT()(torch.randn(2, 2, 3), torch.zeros(2))
+    with pytest.raises(ValueError, match='labels'):
+        CARROT()(torch.randn(4, 3), torch.zeros(3))
