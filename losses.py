@@ -25,6 +25,22 @@ def flatten_views(features):
     return features.transpose(0, 1).reshape(n_views * bsz, -1), bsz, n_views
 
 
+def class_blocks(labels):
+    """Rows grouped by class, each class padded to the largest: ``(rows, present, counts)``.
+
+    ``rows`` ``[C, K]`` row indices (padding clamped to 0), ``present`` ``[C, K]`` (not padding),
+    ``counts`` ``[C]`` class sizes. Same-class (positive) pairs are exactly the pairs inside a
+    block, so pair-wise work on positives costs ``sum_c n_c^2`` instead of ``n^2``.
+    """
+    order = torch.argsort(labels, stable=True)
+    _, class_of, counts = torch.unique(labels[order], return_inverse=True, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(labels.shape[0], device=labels.device) - starts[class_of]
+    members = torch.full((counts.shape[0], int(counts.max())), -1, dtype=torch.long, device=labels.device)
+    members[class_of, slot] = order
+    return members.clamp(min=0), members >= 0, counts
+
+
 def upcast(x):
     """float16/bfloat16 -> float32; float32/float64 unchanged."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

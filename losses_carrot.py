@@ -3,39 +3,48 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from losses import class_blocks
+
 STAT_NAMES = ('L', 'U', 'num_pos', 'num_neg', 'pos_mean', 'pos_max', 'frac_pos_above_U', 'frac_pos_below_L',
               'reg')
 
 
-def pair_quantiles(values, valid, qs, count=None):
+def pair_quantiles(values, valid, qs, count=None, bins=4096):
     """Linear-interpolation quantiles (``torch.quantile``'s default) of the ordered-pair multiset.
 
-    ``values`` ``[n, n]`` symmetric, ``valid`` ``[n, n]`` symmetric bool with a zero diagonal.
-    Each unordered pair appears twice among the ordered pairs, so the k-th smallest ordered value is
-    the (k // 2)-th smallest unordered one: the selection runs on the upper triangle, by
-    ``kthvalue`` (no size cap, unlike ``torch.quantile``). ``count``: the number of valid unordered
-    pairs if already known on the host. Returns a tensor of ``len(qs)`` values.
+    ``values`` ``[n, n]`` symmetric with entries in ``[-1, 1]`` (cosine similarities), ``valid``
+    ``[n, n]`` symmetric bool with a zero diagonal. Each unordered pair appears twice among the
+    ordered pairs, so the k-th smallest ordered value is the (k // 2)-th smallest unordered one and
+    the selection runs on the upper triangle. Exact, with no size cap (``torch.quantile`` refuses
+    more than 2**24 elements): one histogram of ``bins`` buckets locates every order statistic
+    needed (both quantiles and their interpolation neighbours), then ``kthvalue`` runs on the few
+    values of those buckets. ``count``: the number of valid unordered pairs, if known on the host.
+    Returns a tensor of ``len(qs)`` values.
     """
-    n = values.shape[0]
-    upper = valid & torch.ones(n, n, dtype=torch.bool, device=values.device).triu(1)
-    flat = values.masked_fill(~upper, float('inf')).flatten()     # candidates first, padding last
+    upper = valid.triu(1)
     if count is None:
-        count = int(upper.sum())                                  # unordered pairs
-    out = []
+        count = int(upper.sum())
+    n_ordered = 2 * count
+    plans = []
     for q in qs:
-        pos = q * (2 * count - 1)                                 # position among ordered pairs
-        lo = int(pos)
-        frac = pos - lo
-        a = torch.kthvalue(flat, lo // 2 + 1).values
-        hi = min(lo + 1, 2 * count - 1) // 2
-        if hi == lo // 2:
-            b = a
-        else:  # the next order statistic: a again if it is tied, else the smallest value above it
-            n_le = (flat <= a).sum()
-            above = flat.masked_fill(flat <= a, float('inf')).min()
-            b = torch.where(n_le > hi, a, above)
-        out.append(a + (b - a) * frac)
-    return torch.stack(out)
+        pos = q * (n_ordered - 1)                                 # position among ordered pairs
+        lo = min(int(pos), n_ordered - 1)
+        plans.append((lo // 2, min(lo + 1, n_ordered - 1) // 2, pos - lo))
+    # bucket ids: truncation is floor for values >= -1; invalid entries go to the extra bucket `bins`
+    ids = ((values + 1) * (bins / 2)).to(torch.int32).clamp_(0, bins - 1).masked_fill_(~upper, bins)
+    ids = ids.flatten()
+    cum = torch.bincount(ids, minlength=bins + 1)[:bins].cumsum(0)
+    ranks = sorted({r for a, b, _ in plans for r in (a, b)})
+    where = torch.searchsorted(cum, torch.tensor(ranks, device=cum.device), right=True)
+    before = torch.cat([cum.new_zeros(1), cum])[where]          # values in lower buckets
+    where, before = where.tolist(), before.tolist()
+    flat = values.flatten()
+    found, cache = {}, {}
+    for r, bucket, n_below in zip(ranks, where, before):
+        if bucket not in cache:
+            cache[bucket] = flat[ids == bucket]
+        found[r] = torch.kthvalue(cache[bucket], r - n_below + 1).values
+    return torch.stack([found[a] + (found[b] - found[a]) * frac for a, b, frac in plans])
 
 
 def carrot_rows(features, labels):
@@ -47,7 +56,8 @@ def carrot_rows(features, labels):
 class CARROT(nn.Module):
     """Same-class corridor regularizer ``R(h, y)`` (spec: CARROT.md).
 
-    ``z = normalize(h)``, ``S = clamp(z z^T, -1, 1)`` in float32 (also under autocast). Walls from the
+    ``z = normalize(h)``, ``S = clamp(z z^T, -1, 1)`` in float32 (also under autocast); the full ``S``
+    is used without gradient for the walls, positives are computed per class block. Walls from the
     batch's negative pairs (``y_i != y_j``): ``L = quantile(S_neg, q_hi)``,
     ``U = 1 - max(quantile(S_neg, q_hi) - quantile(S_neg, q_lo), 0)`` clipped to ``[L + 1e-3, 0.999]``;
     both detached. Over the ordered positive pairs (``i != j``, ``y_i = y_j``)::
@@ -75,29 +85,37 @@ class CARROT(nn.Module):
             raise ValueError(f'{y.shape[0]} labels for {h.shape[0]} rows')
         with torch.autocast(device_type=h.device.type, enabled=False):
             z = F.normalize(h.float(), dim=1)
-            sims = (z @ z.T).clamp(-1, 1)
-            n = sims.shape[0]
-            same = y[:, None] == y[None, :]
-            eye = torch.eye(n, dtype=torch.bool, device=h.device)
-            pos, neg = same & ~eye, ~same
-            zero = sims.new_zeros(())
-            num_pos, num_neg = torch.stack([pos.sum(), neg.sum()]).tolist()   # the one host sync per call
+            n = z.shape[0]
+            rows, present, counts = class_blocks(y)
+            sq = (counts * counts).sum()
+            num_pos, num_neg = torch.stack([sq - n, n * n - sq]).tolist()   # ordered pairs; one host sync
+            zero = z.new_zeros(())
             if num_pos == 0 or num_neg == 0:
-                reg = (sims * 0).sum()
+                reg = (z * 0).sum()
                 stats = dict(L=zero, U=zero, num_pos=zero + num_pos, num_neg=zero + num_neg, pos_mean=zero,
                              pos_max=zero, frac_pos_above_U=zero, frac_pos_below_L=zero, reg=zero)
                 return reg, stats
-            with torch.no_grad():
-                q_hi, q_lo = pair_quantiles(sims.detach(), neg, (self.q_hi, self.q_lo), count=num_neg // 2)
+            with torch.no_grad():   # the walls: quantiles of all negative similarities, no gradient
+                sims = (z @ z.T).clamp_(-1, 1)
+                q_hi, q_lo = pair_quantiles(sims, y[:, None] != y[None, :], (self.q_hi, self.q_lo),
+                                            count=num_neg // 2)
                 lower = q_hi
                 upper = (1 - (q_hi - q_lo).clamp(min=0)).clamp(min=lower + 1e-3).clamp(max=0.999)
-            s_pos = sims[pos]
-            reg = (F.relu(lower - s_pos) ** 2 + F.relu(s_pos - upper) ** 2).mean()
+            # positives live in same-class blocks: S_blk = z_blk z_blk^T, [C, K, K]
+            zb = z[rows]
+            s_blk = (zb @ zb.transpose(1, 2)).clamp(-1, 1)
+            k = rows.shape[1]
+            pair = present[:, :, None] & present[:, None, :] & ~torch.eye(k, dtype=torch.bool, device=z.device)
+            # L < U, so at most one wall is crossed: relu(L - s)^2 + relu(s - U)^2 = (relu(L - s) + relu(s - U))^2
+            outside = torch.where(pair, F.relu(lower - s_blk) + F.relu(s_blk - upper), zero)
+            reg = outside.square().sum() / num_pos
             with torch.no_grad():
-                sp = s_pos.detach()
+                sd = s_blk.detach()
                 stats = dict(L=lower, U=upper, num_pos=zero + num_pos, num_neg=zero + num_neg,
-                             pos_mean=sp.mean(), pos_max=sp.max(), frac_pos_above_U=(sp > upper).float().mean(),
-                             frac_pos_below_L=(sp < lower).float().mean(), reg=reg.detach())
+                             pos_mean=torch.where(pair, sd, zero).sum() / num_pos,
+                             pos_max=sd.masked_fill(~pair, -2.0).max(),
+                             frac_pos_above_U=((sd > upper) & pair).sum() / num_pos,
+                             frac_pos_below_L=((sd < lower) & pair).sum() / num_pos, reg=reg.detach())
         return reg, stats
 
 

@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from losses import flatten_views, upcast
+from losses import class_blocks, flatten_views, upcast
 
 WEIGHTINGS = ('agreement', 'current', 'uniform')
 DRIFT_BINS = 20  # histogram of rank drift over [0, 1]
@@ -147,16 +147,8 @@ class RASCALLoss(nn.Module):
         cache_b = self.cache_feat[sample_idx].to(dtype)
         old_b = cache_b @ cache_b.T                                # [B, B]
 
-        row_label = labels.repeat(n_views)
-        order = torch.argsort(row_label, stable=True)
-        _, class_of, counts = torch.unique(row_label[order], return_inverse=True, return_counts=True)
-        n_cls, k = counts.shape[0], int(counts.max())
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.arange(m_rows, device=device) - starts[class_of]
-        members = torch.full((n_cls, k), -1, dtype=torch.long, device=device)
-        members[class_of, slot] = order
-        present = members >= 0                                     # [C, K]
-        rows = members.clamp(min=0)
+        rows, present, _ = class_blocks(labels.repeat(n_views))   # [C, K]
+        k = rows.shape[1]
         blk_pos = present[:, :, None] & present[:, None, :] & ~torch.eye(k, dtype=torch.bool, device=device)
         m_blk = blk_pos.sum(-1)                                    # m_r per block row
         cur = sims[rows[:, :, None], rows[:, None, :]]             # [C, K, K]
