@@ -30,10 +30,14 @@ def test_supcon_then_linear_on_digits(tmp_path):
     assert {'test/acc', 'test/loss', 'train/acc', 'train/loss'} <= set(read_metrics(lin)[0])
 
 
-def test_simclr_bf16_channels_last(tmp_path):
+def test_simclr_bf16_channels_last_linear_head(tmp_path):
     run_script('main_supcon.py', '--method', 'SimCLR', '--epochs', 1, '--amp', 'bf16', '--channels_last',
-               '--temp', 0.5, '--save_folder', tmp_path, *FAST)
-    assert 'SimCLR_digits' in only_run_folder(tmp_path)
+               '--temp', 0.5, '--head', 'linear', '--feat_dim', 32, '--save_freq', 1, '--trial', 7, '--cosine',
+               '--warm', '--save_folder', tmp_path, *FAST)
+    run = only_run_folder(tmp_path)
+    assert 'SimCLR_digits' in run and run.endswith('trial_7_cosine_warm_bf16')
+    assert os.path.exists(os.path.join(run, 'ckpt_epoch_1.pth'))
+    assert load(os.path.join(run, 'last.pth'))['model']['head.weight'].shape == (32, 128)
 
 
 def test_ce_then_linear_with_val_split(tmp_path):
