@@ -9,7 +9,6 @@ import os
 import pickle
 
 import numpy as np
-import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms

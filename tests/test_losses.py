@@ -1,5 +1,4 @@
 """SupConLoss against a plain per-row loop written from the paper's equation."""
-import math
 
 import pytest
 import torch
