@@ -81,16 +81,18 @@ def evaluate(opt, loader, predict, prefix, num_classes):
     error (15 equal-width confidence bins, torchmetrics) of ``predict(images) -> logits``."""
     from torchmetrics.classification import MulticlassCalibrationError
     ece = MulticlassCalibrationError(num_classes=num_classes, n_bins=15, norm='l1').to(opt.device)
-    loss_sum, correct, count = 0.0, 0.0, 0
+    totals = torch.zeros(2, dtype=torch.float64, device=opt.device)   # summed NLL, correct; read once
+    count = 0
     for images, labels in progress(loader, f'eval {prefix}'):
         images, labels = to_device(opt, images), labels.to(opt.device)
         with autocast(opt):
             logits = predict(images)
         logits = logits.float()
-        loss_sum += F.cross_entropy(logits, labels, reduction='sum').item()
-        correct += (logits.argmax(1) == labels).sum().item()
+        totals += torch.stack([F.cross_entropy(logits, labels, reduction='sum'),
+                               (logits.argmax(1) == labels).sum()]).double()
         count += len(labels)
         ece.update(logits.softmax(1), labels)
+    loss_sum, correct = totals.tolist()
     return {f'{prefix}/loss': loss_sum / count, f'{prefix}/acc': 100.0 * correct / count,
             f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': float(ece.compute())}
 

@@ -106,7 +106,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
 
 
 def test_resume_ce_keeps_best(tmp_path):
-    run_script('main_ce.py', '--epochs', 1, '--save_folder', tmp_path, *FAST)
+    run_script('main_ce.py', '--epochs', 1, '--amp', 'fp16', '--save_folder', tmp_path, *FAST)
     last = os.path.join(only_run_folder(tmp_path), 'last.pth')
-    out = run_script('main_ce.py', '--epochs', 2, '--resume', last, *FAST)
+    out = run_script('main_ce.py', '--epochs', 2, '--amp', 'fp16', '--resume', last, *FAST)
     assert 'resumed from' in out.stdout and load(last)['epoch'] == 2 and load(last)['best'] is not None

@@ -61,3 +61,21 @@ def test_bad_options_raise_user_error():
         parse_option('ce', ['--epochs', '0'])
     with pytest.raises(UserError, match='--val_split'):
         parse_option('linear', ['--ckpt', 'x.pth', '--val_split', '1.5'])
+
+
+def test_optimizer_and_schedule_flags_reach_the_optimizer():
+    from util import adjust_learning_rate, set_optimizer
+    opt = parse_option('ce', ['--momentum', '0.8', '--weight_decay', '0.001', '--learning_rate', '0.4',
+                              '--lr_decay_epochs', '2,4', '--lr_decay_rate', '0.5', '--device', 'cpu'])
+    optim = set_optimizer(opt, [torch.zeros(1, requires_grad=True)])
+    group = optim.param_groups[0]
+    assert group['momentum'] == 0.8 and group['weight_decay'] == 0.001
+    adjust_learning_rate(opt, optim, 5)
+    assert group['lr'] == pytest.approx(0.4 * 0.5 ** 2)
+
+
+def test_carrot_quantile_flags_parse():
+    opt = parse_option('supcon', ['--carrot', '--carrot_q_hi', '0.8', '--carrot_q_lo', '0.2', '--device', 'cpu'])
+    assert (opt.carrot_q_hi, opt.carrot_q_lo, opt.carrot_on) == (0.8, 0.2, 'encoder')
+    with pytest.raises(UserError, match='--carrot_q_hi'):
+        parse_option('ce', ['--carrot', '--carrot_q_hi', '1.5', '--device', 'cpu'])
