@@ -10,9 +10,10 @@ import pickle
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import datasets, transforms
 
+from distributed import barrier, is_main
 from util import UserError
 
 DATASETS = ('digits', 'cifar10', 'cifar100', 'path')
@@ -91,9 +92,14 @@ class CIFAR100(_FilesPresentMixin, datasets.CIFAR100):
 def _cifar(opt, train, transform):
     cls = CIFAR10 if opt.dataset == 'cifar10' else CIFAR100
     where = os.path.join(opt.data_folder, cls.base_folder)
+    if not is_main():
+        barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
     present = all(os.path.isfile(os.path.join(where, name)) for name in _cifar_files(cls))
     try:
-        return cls(opt.data_folder, train=train, transform=transform, download=not present)
+        dataset = cls(opt.data_folder, train=train, transform=transform, download=not present)
+        if is_main():
+            barrier()
+        return dataset
     except Exception as e:  # offline, unreadable or corrupt files
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f'{opt.dataset} not found or unreadable in {where} ({reason}); put the '
@@ -163,7 +169,14 @@ def build_transform(opt, kind):
 
 
 def build_loader(opt, dataset, train):
-    return DataLoader(dataset, batch_size=opt.batch_size, shuffle=train, num_workers=opt.num_workers,
+    """Training loaders are split over torchrun processes (DistributedSampler, ``--batch_size / W``
+    per process); evaluation loaders are not: every process evaluates the whole split."""
+    sampler = None
+    if train and getattr(opt, 'world_size', 1) > 1:
+        sampler = DistributedSampler(dataset, num_replicas=opt.world_size, rank=opt.rank, shuffle=True,
+                                     seed=opt.seed, drop_last=False)
+    return DataLoader(dataset, batch_size=getattr(opt, 'local_batch_size', opt.batch_size) if train else opt.batch_size,
+                      shuffle=train and sampler is None, sampler=sampler, num_workers=opt.num_workers,
                       pin_memory=opt.device.type == 'cuda', drop_last=False)
 
 

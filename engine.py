@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from losses_carrot import grad_balanced_total_loss
+from distributed import (all_gather_object, all_reduce_sum, barrier, gather, gather_with_grad, is_main, rank,
+                         world_size)
 from checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from options import config_dict
 from util import (AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast,
@@ -30,15 +32,17 @@ def prepare_model(opt, model):
 def carrot_term(opt, carrot, base, h, labels, params=()):
     """``base + alpha * CARROT(h, labels)`` (alpha gradient-balanced unless ``--carrot_weight``) and
     the step's statistics. ``params``: parameters between ``h`` and ``base`` (head, classifier)."""
-    reg, stats = carrot(h, labels)
+    # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
+    reg, stats = carrot(gather_with_grad(h), gather(labels))
     total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=opt.carrot_weight,
-                                            alpha_max=opt.carrot_alpha_max)
+                                            alpha_max=opt.carrot_alpha_max, reduce_sum=all_reduce_sum)
     return total, {**{f'carrot/{k}': v for k, v in stats.items()}, 'carrot/alpha': alpha}
 
 
 def progress(iterable, desc, total=None):
     """A tqdm bar on a terminal; plain (periodic) lines otherwise."""
-    return tqdm(iterable, desc=desc, total=total, disable=None, leave=False, dynamic_ncols=True)
+    return tqdm(iterable, desc=desc, total=total, disable=None if is_main() else True, leave=False,
+                dynamic_ncols=True)
 
 
 def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
@@ -48,6 +52,8 @@ def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
     Returns the epoch means.
     """
     meters = defaultdict(AverageMeter)
+    if hasattr(loader.sampler, 'set_epoch'):
+        loader.sampler.set_epoch(epoch)    # DistributedSampler: a new shuffle every epoch
     bar = progress(loader, f'{desc} epoch {epoch}')
     start = time.time()
     for idx, batch in enumerate(bar):
@@ -60,7 +66,8 @@ def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
         names = ['loss'] + list(stats)
         values = torch.stack([loss.detach().float()] + [torch.as_tensor(v, dtype=torch.float32,
                                                                          device=loss.device).detach()
-                                                        for v in stats.values()]).tolist()
+                                                        for v in stats.values()])
+        values = (all_reduce_sum(values) / world_size()).tolist()   # the mean over processes
         if not math.isfinite(values[0]):
             raise UserError(f'the loss became {values[0]} at epoch {epoch}, iteration {idx + 1}; '
                             'lower --learning_rate (or use --amp none)')
@@ -106,6 +113,9 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
     saved in and restored from checkpoints. ``<run>/last.pth`` is written every
     epoch, ``ckpt_epoch_N.pth`` every ``--save_freq`` epochs. Returns
     ``(last metrics, best metrics)``.
+
+    Under torchrun, ``model`` is the unwrapped module; every process resumes from the same
+    checkpoint (its own RNG state from the saved list), and only rank 0 logs and writes.
     """
     extra = extra or {}
     start, best = 1, None
@@ -119,12 +129,13 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
             optimizer.load_state_dict(ckpt['optimizer'])
             for name, obj in extra.items():
                 obj.load_state_dict(ckpt['extra'][name])
-            set_rng_state(ckpt['rng'])
+            ranks = ckpt.get('rng_ranks')
+            set_rng_state(ranks[rank()] if ranks and len(ranks) == world_size() else ckpt['rng'])
             start, best = ckpt['epoch'] + 1, ckpt.get('best')
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise UserError(f'{opt.resume} cannot be resumed: {str(e).splitlines()[0][:200]}') from None
         print(f'resumed from {opt.resume} at epoch {start - 1}')
-    logger = RunLogger(opt.run_folder, start)
+    logger = RunLogger(opt.run_folder, start) if is_main() else None
     metrics = {}
     for epoch in range(start, opt.epochs + 1):
         adjust_learning_rate(opt, optimizer, epoch)
@@ -134,16 +145,23 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
             metrics.update(evaluate_epoch(epoch))
         if select is not None and (best is None or metrics[select] > best[select]):
             best = {**{k: v for k, v in metrics.items() if not k.startswith('hist/')}, 'epoch': epoch}
+        rng = all_gather_object(get_rng_state())     # every process's, for an exact --resume
+        if logger is None:
+            continue
         logger.log(epoch, {k: v for k, v in metrics.items() if not k.startswith('hist/')},
                    {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
         shown = ', '.join(f'{k} {v:.4g}' for k, v in metrics.items()
                           if not k.startswith('hist/') and not k.endswith('epoch_time'))
         print(f'epoch {epoch}/{opt.epochs} ({metrics["train/epoch_time"]:.1f}s): {shown}', flush=True)
         state = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch,
-                 'config': config_dict(opt), 'rng': get_rng_state(), 'best': best,
+                 'config': config_dict(opt), 'rng': rng[0], 'best': best,
                  'extra': {name: obj.state_dict() for name, obj in extra.items()}}
+        if len(rng) > 1:
+            state['rng_ranks'] = rng
         save_checkpoint(os.path.join(opt.run_folder, 'last.pth'), state)
         if epoch % opt.save_freq == 0:
             save_checkpoint(os.path.join(opt.run_folder, f'ckpt_epoch_{epoch}.pth'), state)
-    logger.close()
+    if logger is not None:
+        logger.close()
+    barrier()     # the checkpoint is on disk before any process returns
     return metrics, best

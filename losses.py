@@ -8,6 +8,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 def flatten_views(features):
@@ -44,6 +45,35 @@ def class_blocks(labels):
 def upcast(x):
     """float16/bfloat16 -> float32; float32/float64 unchanged."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def sample_positives(bsz, device, labels=None, mask=None):
+    """Sample-level positive mask ``[B, B]`` from ``labels`` ``[B]`` (bool), a given ``mask`` (returned
+    as given), or neither (bool identity: each sample is only its own positive, SimCLR)."""
+    if labels is not None and mask is not None:
+        raise ValueError('Cannot define both `labels` and `mask`')
+    if labels is not None:
+        labels = labels.reshape(-1)
+        if labels.shape[0] != bsz:
+            raise ValueError('Num of labels does not match num of features')
+        return labels[:, None] == labels[None, :]
+    if mask is None:
+        return torch.eye(bsz, dtype=torch.bool, device=device)
+    if mask.shape != (bsz, bsz):
+        raise ValueError(f'`mask` must be [{bsz}, {bsz}], got {list(mask.shape)}')
+    return mask.to(device=device)
+
+
+def pair_masks(features, labels=None, mask=None):
+    """Rows and pair masks shared by the pair-wise losses: ``(rows, pos, neg)``.
+
+    ``rows`` ``[M, D]`` (M = V*B, view-major, float32 for half inputs), ``pos[i, j]``: row j is a
+    positive of row i and j != i; ``neg[i, j]``: j is neither i nor a positive.
+    """
+    rows, bsz, n_views = flatten_views(features)
+    same = (sample_positives(bsz, features.device, labels, mask) != 0).repeat(n_views, n_views)
+    not_self = ~torch.eye(rows.shape[0], dtype=torch.bool, device=features.device)
+    return upcast(rows), same & not_self, ~same & not_self
 
 
 def masked_log_softmax(logits, valid):
@@ -102,18 +132,7 @@ class SupConLoss(nn.Module):
     def forward(self, features, labels=None, mask=None):
         contrast, bsz, n_views = flatten_views(features)
         device = features.device
-        if labels is not None and mask is not None:
-            raise ValueError('Cannot define both `labels` and `mask`')
-        if labels is not None:
-            labels = labels.reshape(-1)
-            if labels.shape[0] != bsz:
-                raise ValueError('Num of labels does not match num of features')
-            mask = labels[:, None] == labels[None, :]
-        elif mask is None:
-            mask = torch.eye(bsz, dtype=torch.bool, device=device)
-        elif mask.shape != (bsz, bsz):
-            raise ValueError(f'`mask` must be [{bsz}, {bsz}], got {list(mask.shape)}')
-        mask = mask.to(device=device, dtype=upcast(contrast).dtype)
+        mask = sample_positives(bsz, device, labels, mask).to(dtype=upcast(contrast).dtype)
 
         with torch.autocast(device_type=device.type, enabled=False):
             contrast = upcast(contrast)
@@ -132,3 +151,89 @@ class SupConLoss(nn.Module):
             mean_log_prob_pos = (pos * log_prob).sum(1) / n_pos
             loss = -(self.temperature / self.base_temperature) * mean_log_prob_pos
         return loss.mean()
+
+
+class NTLogisticLoss(nn.Module):
+    """NT-Logistic loss (Chen et al., SimCLR 2020, Table 2), with positives and negatives balanced.
+
+    Each pair is a logistic-regression example with logit ``s_ij / tau`` (``s_ij = z_i . z_j``)::
+
+        L = mean_i [ -1/|P(i)| sum_{p in P(i)} log sigmoid( s_ip / tau)
+                     -1/|N(i)| sum_{n in N(i)} log sigmoid(-s_in / tau) ]
+
+    ``P(i)``: the rows of ``i``'s positives (other views of the same sample; with labels or
+    a mask, also the same-class samples' views); ``N(i)``: every other row but ``i``. Averaging
+    each side separately gives positives and negatives equal total weight: with one positive
+    against 2(N-1) negatives the plain sum over all pairs trains badly (background document
+    ``seeds/002``, whose corrected loss is exactly this one for V = 2). A side that is empty for
+    an anchor (no positive, or no negative) contributes 0.
+
+    Args:
+        temperature: ``tau`` (> 0).
+
+    Shapes:
+        features: ``[B, V, D]``; labels ``[B]`` or mask ``[B, B]`` (not both), as ``SupConLoss``.
+        Output: scalar, computed in float32 (float64 for float64 input) even under autocast.
+    """
+
+    def __init__(self, temperature=0.5):
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f'temperature must be > 0, got {temperature}')
+        self.temperature = temperature
+
+    def forward(self, features, labels=None, mask=None):
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            rows, pos, neg = pair_masks(features, labels, mask)
+            logits = rows @ rows.T / self.temperature
+            pos_term = (F.logsigmoid(logits) * pos).sum(1) / pos.sum(1).clamp(min=1)
+            neg_term = (F.logsigmoid(-logits) * neg).sum(1) / neg.sum(1).clamp(min=1)
+            return -(pos_term + neg_term).mean()
+
+
+class MarginalTripletLoss(nn.Module):
+    """Marginal triplet loss (Chen et al., SimCLR 2020, Table 2), every positive against every negative.
+
+    With ``s_ij = z_i . z_j`` (no temperature)::
+
+        l(i, p) = 1/|N(i)| sum_{n in N(i)} max(s_in - s_ip + m, 0)
+        L       = mean_i 1/|P(i)| sum_{p in P(i)} l(i, p)
+
+    ``P(i)``, ``N(i)`` as in ``NTLogisticLoss``. For V = 2 without labels this is the background
+    document's (``seeds/002``) loss: each anchor's one positive is reused against its 2(N-1)
+    negatives. An anchor without a positive or without a negative contributes 0.
+
+    The inner sums are not built as an ``[M, M, M]`` tensor: per anchor the negatives'
+    similarities are sorted once, and for each threshold ``t = s_ip - m`` the hinge sum is
+    ``sum_{s_in > t} s_in - t * #{s_in > t}``, read from prefix sums (``O(M^2 log M)``).
+
+    Args:
+        margin: ``m`` (>= 0).
+
+    Shapes:
+        features: ``[B, V, D]``; labels ``[B]`` or mask ``[B, B]`` (not both), as ``SupConLoss``.
+        Output: scalar, computed in float32 (float64 for float64 input) even under autocast.
+    """
+
+    def __init__(self, margin=1.0):
+        super().__init__()
+        if not margin >= 0:
+            raise ValueError(f'margin must be >= 0, got {margin}')
+        self.margin = margin
+
+    def forward(self, features, labels=None, mask=None):
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            rows, pos, neg = pair_masks(features, labels, mask)
+            sims = rows @ rows.T
+            # negatives sorted ascending per row; non-negatives become -inf and sort first
+            neg_sorted = torch.sort(sims.masked_fill(~neg, -math.inf), dim=1).values
+            finite = torch.where(neg_sorted.isfinite(), neg_sorted, torch.zeros_like(neg_sorted))
+            prefix = F.pad(torch.cumsum(finite, dim=1), (1, 0))          # prefix[:, k] = sum of first k
+            thresh = sims - self.margin                                      # t = s_ip - m, every column
+            first_above = torch.searchsorted(neg_sorted.detach().contiguous(), thresh.detach().contiguous(),
+                                             right=True)
+            n_above = (sims.shape[1] - first_above).to(sims.dtype)
+            sum_above = prefix[:, -1:] - torch.gather(prefix, 1, first_above)
+            hinge = (sum_above - thresh * n_above) / neg.sum(1, keepdim=True).clamp(min=1)
+            per_anchor = (hinge * pos).sum(1) / pos.sum(1).clamp(min=1)
+            return per_anchor.mean()

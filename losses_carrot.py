@@ -132,7 +132,7 @@ class _InjectGrad(torch.autograd.Function):
         return (None, None, *[grad_out * g if g is not None else None for g in ctx.grads])
 
 
-def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=None):
+def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=None, reduce_sum=None):
     """``total = loss_base + alpha * reg`` with ``alpha = ||d base/d h|| / (||d reg/d h|| + 1e-12)``.
 
     ``h`` is the one tensor both terms depend on (e.g. the encoder output). ``alpha`` is detached;
@@ -144,6 +144,11 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
     loss's gradients to ``params``, the parameters between ``h`` and the base loss (a projection head,
     a classifier), so the loss head is not back-propagated twice. Every parameter the base loss
     reaches without passing through ``h`` must be in ``params``.
+
+    ``reduce_sum`` (distributed training): a function summing a tensor over processes. When ``h``
+    is one process's slice of the batch, the two squared norms are summed over processes before
+    the ratio, so ``alpha`` is the norm ratio over the whole batch (a common factor of all slices'
+    gradients, such as the world size a gradient-keeping gather introduces, cancels).
     Returns ``(total, alpha)``.
     """
     params = [p for p in params if p.requires_grad]
@@ -159,8 +164,11 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
     if weight is not None:
         alpha = torch.as_tensor(float(weight), device=h.device)
     else:
-        reg_norm = g_reg.float().norm()
-        alpha = torch.where(reg_norm > 0, g_base[0].float().norm() / (reg_norm + 1e-12), torch.zeros_like(reg_norm))
+        sq = torch.stack([g_base[0].float().square().sum(), g_reg.float().square().sum()])
+        if reduce_sum is not None:
+            sq = reduce_sum(sq)
+        base_norm, reg_norm = sq.sqrt().unbind()
+        alpha = torch.where(reg_norm > 0, base_norm / (reg_norm + 1e-12), torch.zeros_like(reg_norm))
     if alpha_max is not None:
         alpha = alpha.clamp(max=float(alpha_max))
     g_h = g_base[0] + alpha.to(g_reg.dtype) * g_reg

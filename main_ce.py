@@ -3,9 +3,10 @@ CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and EC
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
-import torch.nn as nn
+import torch.nn.functional as F
 
 from data import build_dataset, build_loader, build_transform, num_classes
+from distributed import wrap_model
 from engine import carrot_term, evaluate, fit, prepare_model, train_loop
 from losses_carrot import CARROT
 from networks import SupCEResNet
@@ -13,34 +14,40 @@ from options import parse_option
 from util import accuracy, autocast, grad_scaler, run_cli, set_optimizer, set_seed, to_device
 
 
+def ce_loss(opt, ddp_model, model, carrot, images, labels):
+    """One step's cross-entropy (+ CARROT on the penultimate features) and statistics. ``ddp_model``
+    is what the forward goes through (DDP under torchrun), ``model`` the module itself."""
+    images, labels = to_device(opt, images), labels.to(opt.device)
+    with autocast(opt):
+        h, logits = ddp_model(images, parts=True)
+    loss = F.cross_entropy(logits.float(), labels)   # this process's batch; DDP averages the gradients
+    stats = {'acc': accuracy(logits, labels)[0]}
+    if carrot is not None:
+        loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels, model.fc.parameters())
+        stats.update(carrot_stats)
+    return loss, stats
+
+
 def main(argv=None):
     opt = parse_option('ce', argv)
-    set_seed(opt.seed)
+    set_seed(opt.seed + opt.rank)    # each torchrun process augments differently; DDP syncs the weights
     train_set = build_dataset(opt, True, build_transform(opt, 'train'))
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
     train_loader = build_loader(opt, train_set, train=True)
     test_loader = build_loader(opt, test_set, train=False)
     model = prepare_model(opt, SupCEResNet(opt.model, num_classes=num_classes(train_set)))
-    criterion = nn.CrossEntropyLoss()
+    ddp_model = wrap_model(opt, model)    # the model itself in one process
     optimizer = set_optimizer(opt, model.parameters())
     scaler = grad_scaler(opt)
 
     carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
 
     def step(batch):
-        images, labels = to_device(opt, batch[0]), batch[1].to(opt.device)
-        with autocast(opt):
-            h = model.encoder(images)
-            logits = model.fc(h)
-        loss = criterion(logits.float(), labels)
-        stats = {'acc': accuracy(logits, labels)[0]}
-        if carrot is not None:   # on the penultimate (encoder) features
-            loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels, model.fc.parameters())
-            stats.update(carrot_stats)
-        return loss, labels.shape[0], stats
+        loss, stats = ce_loss(opt, ddp_model, model, carrot, *batch)
+        return loss, batch[1].shape[0], stats
 
     def train_epoch(epoch):
-        model.train()
+        ddp_model.train()
         return train_loop(opt, train_loader, optimizer, scaler, epoch, step, 'CE')
 
     def evaluate_epoch(epoch):

@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from checkpoint import clean_state_dict, load_checkpoint
 from data import build_dataset, build_loader, build_transform, num_classes, split_train_val
+from distributed import wrap_model
 from engine import evaluate, fit, prepare_model, train_loop
 from networks import LinearClassifier, build_encoder
 from options import parse_option
@@ -45,7 +46,7 @@ def load_encoder(opt):
 
 def main(argv=None):
     opt = parse_option('linear', argv)
-    set_seed(opt.seed)
+    set_seed(opt.seed + opt.rank)    # each torchrun process augments differently; DDP syncs the weights
     encoder = load_encoder(opt)
     train_set = build_dataset(opt, True, build_transform(opt, 'train'))
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
@@ -60,19 +61,20 @@ def main(argv=None):
     train_loader = build_loader(opt, train_set, train=True)
 
     classifier = LinearClassifier(opt.model, num_classes=n_cls).to(opt.device)
+    ddp_classifier = wrap_model(opt, classifier)    # the classifier itself in one process
     criterion = nn.CrossEntropyLoss()
     optimizer = set_optimizer(opt, classifier.parameters())
     scaler = grad_scaler(opt)
 
-    def predict(images):
+    def predict(images, head=classifier):
         with torch.no_grad():
             features = encoder(images)
-        return classifier(features.float())
+        return head(features.float())
 
     def step(batch):
         images, labels = to_device(opt, batch[0]), batch[1].to(opt.device)
         with autocast(opt):
-            logits = predict(images)
+            logits = predict(images, ddp_classifier)
         loss = criterion(logits.float(), labels)
         return loss, labels.shape[0], {'acc': accuracy(logits, labels)[0]}
 

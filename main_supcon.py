@@ -1,5 +1,6 @@
 """Stage 1: contrastive pre-training: SupCon, SimCLR, or RASCAL (rank-agreement weighted SupCon),
-optionally with the CARROT regularizer (--carrot).
+optionally with the CARROT regularizer (--carrot). SupCon/SimCLR take NT-Xent (default),
+NT-Logistic or Marginal Triplet (--simclr_loss).
 
     python main_supcon.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.2 --temp 0.1 --cosine
     python main_supcon.py --method RASCAL --rascal_weighting agreement ...
@@ -9,8 +10,9 @@ import torch.nn.functional as F
 
 from data import TwoCropTransform, build_dataset, build_loader, build_transform
 from datasets_indexed import IndexedDataset
+from distributed import gather, gather_with_grad, wrap_model
 from engine import carrot_term, fit, prepare_model, train_loop
-from losses import SupConLoss
+from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_carrot import CARROT
 from losses_rascal import DRIFT_BINS, RASCALLoss
 from networks import SupConResNet
@@ -23,17 +25,50 @@ def build_criterion(opt, train_set):
         # the cache is sized by the dataset and the head; it travels in checkpoints
         return RASCALLoss(len(train_set), opt.feat_dim, temperature=opt.temp, base_temperature=opt.temp,
                           weighting=opt.rascal_weighting, persistent_cache=True).to(opt.device)
+    if opt.simclr_loss == 'ntlogistic':
+        return NTLogisticLoss(temperature=opt.temp)
+    if opt.simclr_loss == 'margin_triplet':
+        return MarginalTripletLoss(margin=opt.margin)
     return SupConLoss(temperature=opt.temp)
+
+
+def contrastive_loss(opt, ddp_model, model, criterion, carrot, views, labels, sample_idx=None):
+    """One step's loss and statistics on a batch of ``views`` (a list of ``[b, C, H, W]``).
+
+    ``ddp_model`` is what the forward goes through (DDP under torchrun), ``model`` the module
+    itself. Under torchrun the loss sees the global batch (samples in rank order).
+    """
+    labels = labels.to(opt.device)
+    bsz, n_views = labels.shape[0], len(views)
+    images = to_device(opt, torch.cat(views, dim=0))            # view-major rows: v * bsz + b
+    with autocast(opt):
+        h_enc, h_proj = ddp_model(images, parts=True)
+    features = F.normalize(h_proj, dim=1)
+    features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
+    features, all_labels = gather_with_grad(features), gather(labels)  # no-ops in one process
+    stats = {}
+    if opt.method == 'RASCAL':
+        loss = criterion(features, all_labels, gather(sample_idx.to(opt.device)))
+        stats = {f'rascal/{k}': v for k, v in criterion.last_stats.items()}
+    else:
+        loss = criterion(features, all_labels if opt.method == 'SupCon' else None)
+    if carrot is not None:
+        # rows of h are view-major like the images, so labels are repeated (not interleaved)
+        h, params = (h_enc, model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
+        loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels.repeat(n_views), params)
+        stats.update(carrot_stats)
+    return loss, stats
 
 
 def main(argv=None):
     opt = parse_option('supcon', argv)
-    set_seed(opt.seed)
+    set_seed(opt.seed + opt.rank)    # each torchrun process augments differently; DDP syncs the weights
     train_set = build_dataset(opt, True, TwoCropTransform(build_transform(opt, 'contrastive')))
     if opt.method == 'RASCAL':
         train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True)
     model = prepare_model(opt, SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim))
+    ddp_model = wrap_model(opt, model)    # the model itself in one process
     criterion = build_criterion(opt, train_set)
     optimizer = set_optimizer(opt, model.parameters())
     scaler = grad_scaler(opt)
@@ -41,29 +76,13 @@ def main(argv=None):
     drift_hist = torch.zeros(DRIFT_BINS, device=opt.device)
 
     def step(batch):
-        images, labels = batch[0], batch[1].to(opt.device)
-        bsz, n_views = labels.shape[0], len(images)
-        images = to_device(opt, torch.cat(images, dim=0))            # view-major rows: v * bsz + b
-        with autocast(opt):
-            h_enc, h_proj = model.forward_parts(images)
-        features = F.normalize(h_proj, dim=1)
-        features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
-        stats = {}
+        loss, stats = contrastive_loss(opt, ddp_model, model, criterion, carrot, *batch)
         if opt.method == 'RASCAL':
-            loss = criterion(features, labels, batch[2].to(opt.device))
             drift_hist.add_(criterion.last_drift_hist)
-            stats = {f'rascal/{k}': v for k, v in criterion.last_stats.items()}
-        else:
-            loss = criterion(features, labels if opt.method == 'SupCon' else None)
-        if carrot is not None:
-            # rows of h are view-major like the images, so labels are repeated (not interleaved)
-            h, params = (h_enc, model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
-            loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels.repeat(n_views), params)
-            stats.update(carrot_stats)
-        return loss, bsz, stats
+        return loss, batch[1].shape[0], stats
 
     def train_epoch(epoch):
-        model.train()
+        ddp_model.train()
         drift_hist.zero_()
         metrics = train_loop(opt, loader, optimizer, scaler, epoch, step, opt.method)
         if opt.method == 'RASCAL':

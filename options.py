@@ -9,6 +9,7 @@ import re
 
 from data import DATASETS
 from networks import MODELS
+from distributed import init_distributed
 from util import UserError, resolve_device
 
 # SupContrast's per-script defaults.
@@ -54,7 +55,7 @@ def build_parser(script):
                             'linear': 'Stage 2: linear evaluation of a frozen stage-1 encoder.'}[script])
     p.add_argument('--print_freq', type=int, default=10, help='log a line every N iterations without a progress bar')
     p.add_argument('--save_freq', type=int, default=50, help='keep a checkpoint every N epochs (last.pth is written every epoch)')
-    p.add_argument('--batch_size', type=int, default=256)
+    p.add_argument('--batch_size', type=int, default=256, help='batch size (the global batch under torchrun)')
     p.add_argument('--num_workers', type=int, default=16, help='data loading workers (capped at the CPU count)')
     p.add_argument('--epochs', type=int, default=d['epochs'])
     p.add_argument('--learning_rate', type=float, default=d['learning_rate'])
@@ -73,7 +74,11 @@ def build_parser(script):
         p.add_argument('--method', choices=['SupCon', 'SimCLR', 'RASCAL'], default='SupCon')
         p.add_argument('--rascal_weighting', choices=['agreement', 'current', 'uniform'], default=None,
                        help='RASCAL positive weights (default agreement; current/uniform are ablations)')
-        p.add_argument('--temp', type=float, default=0.07, help='loss temperature')
+        p.add_argument('--simclr_loss', choices=['ntxent', 'ntlogistic', 'margin_triplet'], default='ntxent',
+                       help='contrastive loss of SupCon/SimCLR: NT-Xent (SupConLoss), NT-Logistic, '
+                            'or Marginal Triplet; with SupCon, same-class samples are positives')
+        p.add_argument('--margin', type=float, default=None, help='margin of margin_triplet (default 1.0)')
+        p.add_argument('--temp', type=float, default=0.07, help='loss temperature (not used by margin_triplet)')
         p.add_argument('--head', choices=['mlp', 'linear'], default='mlp')
         p.add_argument('--feat_dim', type=int, default=128)
     if script in ('supcon', 'ce'):
@@ -91,7 +96,7 @@ def build_parser(script):
         p.add_argument('--val_split', type=float, default=0.0,
                        help='hold out this fraction of train for model selection (0: none)')
     p.add_argument('--cosine', action='store_true', help='cosine annealing')
-    p.add_argument('--syncBN', action='store_true', help='synchronized BatchNorm (needs distributed training)')
+    p.add_argument('--syncBN', action='store_true', help='synchronized BatchNorm across torchrun processes (CUDA)')
     p.add_argument('--warm', action='store_true', help='10-epoch linear warm-up for large batches')
     p.add_argument('--trial', default='0', help='id for recording multiple runs')
     p.add_argument('--seed', type=int, default=0, help='random seed (same seed, same result on CPU)')
@@ -123,14 +128,18 @@ def validate(opt, script):
                f'--rascal_weighting needs --method RASCAL (got --method {opt.method})')
         if opt.method == 'RASCAL' and opt.rascal_weighting is None:
             opt.rascal_weighting = 'agreement'
+        _check(opt.method != 'RASCAL' or opt.simclr_loss == 'ntxent',
+               f'--simclr_loss {opt.simclr_loss} needs --method SupCon or SimCLR (RASCAL is an NT-Xent loss)')
+        _check(opt.margin is None or opt.simclr_loss == 'margin_triplet',
+               '--margin needs --simclr_loss margin_triplet')
+        if opt.simclr_loss == 'margin_triplet':
+            opt.margin = 1.0 if opt.margin is None else opt.margin
+            _check(opt.margin >= 0, f'--margin must be >= 0, got {opt.margin}')
     if script in ('supcon', 'ce'):
         validate_carrot(opt, script)
     if script == 'linear':
         _check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         _check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
-    if opt.syncBN:
-        raise UserError('--syncBN needs distributed training (torchrun), which this version does not '
-                        'have yet; on one device BatchNorm is already synchronized, drop the flag')
     if opt.dataset == 'path':
         _check(opt.data_folder, '--dataset path needs --data_folder with train/ and val/ ImageFolder sub-folders')
         _check(opt.mean and opt.std, '--dataset path needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
@@ -159,8 +168,11 @@ def run_name(opt, script):
         method = opt.method
         if opt.method == 'RASCAL' and opt.rascal_weighting != 'agreement':
             method += f'-{opt.rascal_weighting}'
+        if opt.simclr_loss != 'ntxent':
+            method += f'-{opt.simclr_loss}'
+        scale = f'margin_{opt.margin}' if opt.simclr_loss == 'margin_triplet' else f'temp_{opt.temp}'
         name = (f'{method}_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
-                f'_bsz_{opt.batch_size}_temp_{opt.temp}_trial_{opt.trial}')
+                f'_bsz_{opt.batch_size}_{scale}_trial_{opt.trial}')
     elif script == 'ce':
         name = (f'SupCE_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
                 f'_bsz_{opt.batch_size}_trial_{opt.trial}')
@@ -192,6 +204,7 @@ def parse_option(script, argv=None):
     validate(opt, script)
     opt.num_workers = min(opt.num_workers, os.cpu_count() or 1)
     opt.device = resolve_device(opt.device)
+    init_distributed(opt)    # under torchrun: process group, this rank's device, the local batch
     # SupContrast: large batches always warm up; 10 epochs from 0.01.
     if opt.batch_size > 256:
         opt.warm = True

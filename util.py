@@ -24,6 +24,10 @@ def run_cli(main):
     except KeyboardInterrupt:
         print(f'{prog}: interrupted', file=sys.stderr)
         sys.exit(130)
+    finally:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class AverageMeter:

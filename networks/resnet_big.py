@@ -143,13 +143,17 @@ class SupConResNet(nn.Module):
         else:
             raise ValueError(f'head not supported: {head!r} (mlp or linear)')
 
-    def forward(self, x):
-        return F.normalize(self.head(self.encoder(x)), dim=1)
+    def forward(self, x, parts=False):
+        """Normalized projections; with ``parts=True`` (encoder output, projection before normalization).
+
+        ``parts`` is a forward argument (not a separate method) so that it goes through
+        DistributedDataParallel's ``forward``, which gradient synchronization needs."""
+        h = self.encoder(x)
+        z = self.head(h)
+        return (h, z) if parts else F.normalize(z, dim=1)
 
     def forward_parts(self, x):
-        """(encoder output, projection before normalization); ``forward`` normalizes the latter."""
-        h = self.encoder(x)
-        return h, self.head(h)
+        return self.forward(x, parts=True)
 
 
 class SupCEResNet(nn.Module):
@@ -160,8 +164,11 @@ class SupCEResNet(nn.Module):
         self.encoder, dim_in = build_encoder(name)
         self.fc = nn.Linear(dim_in, num_classes)
 
-    def forward(self, x):
-        return self.fc(self.encoder(x))
+    def forward(self, x, parts=False):
+        """Logits; with ``parts=True`` (encoder output, logits): one DDP-visible forward for both."""
+        h = self.encoder(x)
+        logits = self.fc(h)
+        return (h, logits) if parts else logits
 
 
 class LinearClassifier(nn.Module):

@@ -30,7 +30,6 @@ BAD = {
     'batch_size_0': (['main_supcon.py', '--batch_size', 0], ['--batch_size']),
     'negative_temp': (['main_supcon.py', '--temp', -0.5], ['--temp']),
     'mean_not_numbers': (['main_supcon.py', '--mean', '__import__("os")'], ['--mean']),
-    'syncBN': (['main_supcon.py', '--syncBN'], ['--syncBN', 'distributed']),
     'cifar_missing': (['main_ce.py', '--dataset', 'cifar10', '--model', 'resnet_tiny'], ['--data_folder']),
     'path_missing': (['main_supcon.py', '--dataset', 'path', '--data_folder', '/nonexistent',
                       '--mean', '0.5', '--std', '0.5'], ['train']),

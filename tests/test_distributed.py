@@ -1,0 +1,181 @@
+"""Distributed training on CPU (gloo, 2 processes): one step equals one process on the concatenated
+batch, RASCAL caches stay identical, and torchrun runs the real scripts end to end."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from helpers import ROOT, load, only_run_folder, read_metrics
+
+WORLD = 2
+BSZ = 16            # global batch: 8 per process
+CASES = {
+    'SupCon': ['--method', 'SupCon'],
+    'SimCLR': ['--method', 'SimCLR'],
+    'SimCLR-ntlogistic': ['--method', 'SimCLR', '--simclr_loss', 'ntlogistic'],
+    'SupCon-margin_triplet': ['--method', 'SupCon', '--simclr_loss', 'margin_triplet'],
+    'RASCAL': ['--method', 'RASCAL'],
+    'SupCon+CARROT': ['--method', 'SupCon', '--carrot'],
+    'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
+    'CE+CARROT': ['--carrot'],
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def batch():
+    """A fixed global batch: two views of 16 digits-sized images, 3 classes, sample ids."""
+    g = torch.Generator().manual_seed(0)
+    views = [torch.randn(BSZ, 3, 16, 16, generator=g) for _ in range(2)]
+    labels = torch.randint(0, 3, (BSZ,), generator=g)
+    return views, labels, torch.arange(100, 100 + BSZ)
+
+
+def one_step(case, rank=0, world=1):
+    """The scripts' own loss functions on this process's slice of :func:`batch`: RASCAL runs a first
+    step to warm its cache, then the step that is compared. Returns loss, gradients and state."""
+    import main_ce
+    import main_supcon
+    from distributed import wrap_model
+    from engine import prepare_model
+    from losses_carrot import CARROT
+    from networks import SupCEResNet, SupConResNet
+    from options import parse_option
+
+    script = 'ce' if case.startswith('CE') else 'supcon'
+    opt = parse_option(script, CASES[case] + ['--batch_size', str(BSZ), '--device', 'cpu'])
+    torch.manual_seed(0)
+    net = SupCEResNet('resnet_tiny', num_classes=3) if script == 'ce' else SupConResNet('resnet_tiny')
+    # BatchNorm in eval mode: per-sample, so the only coupling between samples is the loss under test
+    model = prepare_model(opt, net).eval()
+    ddp_model = wrap_model(opt, model)
+    carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+    views, labels, ids = batch()
+    part = slice(rank * BSZ // world, (rank + 1) * BSZ // world)
+    views, labels, ids = [v[part] for v in views], labels[part], ids[part]
+    out = {}
+    if script == 'ce':
+        loss, stats = main_ce.ce_loss(opt, ddp_model, model, carrot, views[0], labels)
+    else:
+        criterion = main_supcon.build_criterion(opt, range(200))
+        for _ in range(2 if opt.method == 'RASCAL' else 1):
+            model.zero_grad()
+            loss, stats = main_supcon.contrastive_loss(opt, ddp_model, model, criterion, carrot,
+                                                       views, labels, ids)
+            loss.backward()
+        if opt.method == 'RASCAL':
+            out['cache'] = criterion.cache_feat.clone()
+            out['cache_valid'] = criterion.cache_valid.clone()
+    if script == 'ce':
+        loss.backward()
+    out.update(loss=loss.detach(), stats={k: torch.as_tensor(v).detach() for k, v in stats.items()},
+               grads={n: p.grad.clone() for n, p in model.named_parameters()})
+    return out
+
+
+def _worker(rank, port, folder):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), WORLD_SIZE=str(WORLD),
+                      RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS='1')
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    results = {}
+    for case in CASES:
+        results[case] = one_step(case, rank, WORLD)
+    torch.save(results, os.path.join(folder, f'rank{rank}.pt'))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def ranks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp('ddp')
+    mp.spawn(_worker, args=(free_port(), str(folder)), nprocs=WORLD, join=True)
+    return [torch.load(folder / f'rank{r}.pt', weights_only=True) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_step_equals_one_process_on_the_concatenated_batch(ranks, case):
+    single = one_step(case)
+    # CE is each process's own batch mean (what is logged is the mean over processes)
+    mean_loss = sum(ranks[r][case]['loss'] for r in range(WORLD)) / WORLD
+    torch.testing.assert_close(mean_loss, single['loss'], rtol=1e-5, atol=1e-6)
+    for r in range(WORLD):
+        got = ranks[r][case]
+        if not case.startswith('CE'):   # the contrastive losses: the global loss on every process
+            torch.testing.assert_close(got['loss'], single['loss'], rtol=1e-5, atol=1e-6)
+        assert got['grads'].keys() == single['grads'].keys()
+        for name, grad in single['grads'].items():
+            # DDP leaves the same averaged gradient on every process
+            torch.testing.assert_close(got['grads'][name], grad, rtol=1e-5, atol=1e-6, msg=f'{case} {name}')
+        if 'carrot/alpha' in single['stats']:
+            assert single['stats']['carrot/alpha'] > 0
+            torch.testing.assert_close(got['stats']['carrot/alpha'], single['stats']['carrot/alpha'],
+                                       rtol=1e-5, atol=1e-7)
+        if not case.startswith('CE'):   # statistics of the global batch (CE's are per process)
+            for key, value in single['stats'].items():
+                torch.testing.assert_close(got['stats'][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_rascal_caches_identical_on_every_rank(ranks):
+    single = one_step('RASCAL')
+    assert single['stats']['rascal/cache_hit_rate'] == 1.0     # the compared step had a warm cache
+    for r in range(WORLD):
+        assert torch.equal(ranks[r]['RASCAL']['cache_valid'], single['cache_valid'])
+        torch.testing.assert_close(ranks[r]['RASCAL']['cache'], single['cache'], rtol=1e-5, atol=1e-6)
+    assert torch.equal(ranks[0]['RASCAL']['cache'], ranks[1]['RASCAL']['cache'])
+
+
+def torchrun(script, *args, check=True):
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(WORLD),
+           '--master_port', str(free_port()), script, *map(str, args)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize('method', ['SupCon', 'RASCAL'])
+def test_torchrun_supcon_then_linear(tmp_path, method):
+    out = torchrun('main_supcon.py', '--dataset', 'digits', '--method', method, '--epochs', 1,
+                   '--batch_size', 128, '--num_workers', 0, '--print_freq', 1000, '--save_folder', tmp_path / 'pre')
+    assert out.stdout.count('epoch 1/1') == 1          # rank 0 alone prints
+    run = only_run_folder(tmp_path / 'pre')
+    assert sorted(f for f in os.listdir(run) if f.endswith('.pth')) == ['last.pth']
+    assert len(read_metrics(run)) == 1
+    ckpt = load(os.path.join(run, 'last.pth'))
+    assert not any(k.startswith('module.') for k in ckpt['model']) and len(ckpt['rng_ranks']) == WORLD
+    if method == 'RASCAL':   # every sample seen once: the whole cache is filled
+        assert bool(ckpt['extra']['criterion']['cache_valid'].all())
+    else:                    # --resume under torchrun continues the run
+        out = torchrun('main_supcon.py', '--dataset', 'digits', '--epochs', 2, '--batch_size', 128,
+                       '--num_workers', 0, '--print_freq', 1000, '--resume', os.path.join(run, 'last.pth'))
+        assert 'resumed from' in out.stdout and out.stdout.count('epoch 2/2') == 1
+        assert [r['epoch'] for r in read_metrics(run)] == ['1', '2']
+        assert load(os.path.join(run, 'last.pth'))['epoch'] == 2
+    torchrun('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--batch_size', 128,
+             '--num_workers', 0, '--learning_rate', 1, '--save_folder', tmp_path / 'lin')
+    results = json.load(open(os.path.join(only_run_folder(tmp_path / 'lin'), 'results.json')))
+    assert 10 < results['final_test_acc'] <= 100
+
+
+def test_torchrun_bad_input(tmp_path):
+    for args, words in [(['--batch_size', 127], '--batch_size 127'), (['--syncBN'], '--syncBN needs CUDA')]:
+        proc = torchrun('main_supcon.py', *args, '--epochs', 1, '--num_workers', 0, '--device', 'cpu',
+                        '--save_folder', tmp_path, check=False)
+        assert proc.returncode != 0 and f'main_supcon.py: error: {words}' in proc.stderr
+        assert os.path.join(ROOT, 'main_supcon.py') not in proc.stderr    # torchrun's report, not ours
+
+
+def test_sync_bn_note_in_one_process():
+    from options import parse_option
+    opt = parse_option('supcon', ['--syncBN'])
+    assert opt.world_size == 1 and opt.local_batch_size == opt.batch_size
