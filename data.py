@@ -1,9 +1,11 @@
 """Datasets, augmentations and loaders for all three scripts.
 
 ``cifar10`` / ``cifar100`` (torchvision files under ``--data_folder``, downloaded
-when possible), ``path`` (ImageFolder with ``train/`` and ``val/``), and
+when possible), their long-tailed training sets ``cifar10_lt`` / ``cifar100_lt``
+(``--imb_factor``), ``path`` (ImageFolder with ``train/`` and ``val/``), and
 ``digits``: scikit-learn's 1,797 bundled 8x8 handwritten digits, a fixed
 stratified 80/20 train/test split, upsampled to ``--size`` and made RGB.
+``--label_granularity coarse`` trains on superclasses (CIFAR-100's 20, digits' 5).
 """
 import os
 import pickle
@@ -16,7 +18,7 @@ from torchvision import datasets, transforms
 from distributed import barrier, is_main
 from util import UserError
 
-DATASETS = ('digits', 'cifar10', 'cifar100', 'path')
+DATASETS = ('digits', 'cifar10', 'cifar100', 'cifar10_lt', 'cifar100_lt', 'path')
 
 MEAN_STD = {
     'cifar10': ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
@@ -24,6 +26,88 @@ MEAN_STD = {
     # pixel statistics of the 8x8 digits scaled to [0, 1]
     'digits': ((0.305, 0.305, 0.305), (0.376, 0.376, 0.376)),
 }
+
+
+# CIFAR-100's 20 superclasses (Krizhevsky 2009), 5 fine classes each. Fine and coarse indices are
+# the alphabetical orders of the names, as in the dataset's meta file.
+CIFAR100_SUPERCLASSES = {
+    'aquatic_mammals': ['beaver', 'dolphin', 'otter', 'seal', 'whale'],
+    'fish': ['aquarium_fish', 'flatfish', 'ray', 'shark', 'trout'],
+    'flowers': ['orchid', 'poppy', 'rose', 'sunflower', 'tulip'],
+    'food_containers': ['bottle', 'bowl', 'can', 'cup', 'plate'],
+    'fruit_and_vegetables': ['apple', 'mushroom', 'orange', 'pear', 'sweet_pepper'],
+    'household_electrical_devices': ['clock', 'keyboard', 'lamp', 'telephone', 'television'],
+    'household_furniture': ['bed', 'chair', 'couch', 'table', 'wardrobe'],
+    'insects': ['bee', 'beetle', 'butterfly', 'caterpillar', 'cockroach'],
+    'large_carnivores': ['bear', 'leopard', 'lion', 'tiger', 'wolf'],
+    'large_man-made_outdoor_things': ['bridge', 'castle', 'house', 'road', 'skyscraper'],
+    'large_natural_outdoor_scenes': ['cloud', 'forest', 'mountain', 'plain', 'sea'],
+    'large_omnivores_and_herbivores': ['camel', 'cattle', 'chimpanzee', 'elephant', 'kangaroo'],
+    'medium_mammals': ['fox', 'porcupine', 'possum', 'raccoon', 'skunk'],
+    'non-insect_invertebrates': ['crab', 'lobster', 'snail', 'spider', 'worm'],
+    'people': ['baby', 'boy', 'girl', 'man', 'woman'],
+    'reptiles': ['crocodile', 'dinosaur', 'lizard', 'snake', 'turtle'],
+    'small_mammals': ['hamster', 'mouse', 'rabbit', 'shrew', 'squirrel'],
+    'trees': ['maple_tree', 'oak_tree', 'palm_tree', 'pine_tree', 'willow_tree'],
+    'vehicles_1': ['bicycle', 'bus', 'motorcycle', 'pickup_truck', 'train'],
+    'vehicles_2': ['lawn_mower', 'rocket', 'streetcar', 'tank', 'tractor'],
+}
+_FINE = sorted(n for names in CIFAR100_SUPERCLASSES.values() for n in names)
+_COARSE = sorted(CIFAR100_SUPERCLASSES)
+CIFAR100_COARSE = [next(c for c, name in enumerate(_COARSE) if fine in CIFAR100_SUPERCLASSES[name])
+                   for fine in _FINE]
+# digits: a fixed grouping of the 10 digits into 5 coarse classes by shape (documented in the README)
+DIGITS_SUPERCLASSES = {'0-6': [0, 6], '1-7': [1, 7], '2-5': [2, 5], '3-8': [3, 8], '4-9': [4, 9]}
+DIGITS_COARSE = [next(c for c, fines in enumerate(DIGITS_SUPERCLASSES.values()) if d in fines) for d in range(10)]
+COARSE = {'cifar100': (CIFAR100_COARSE, _COARSE), 'cifar100_lt': (CIFAR100_COARSE, _COARSE),
+          'digits': (DIGITS_COARSE, list(DIGITS_SUPERCLASSES))}
+
+
+def long_tail_counts(n_max, n_classes, imb_factor):
+    """LDAM's exponential profile (Cao et al. 2019): class c keeps ``int(n_max * imb_factor**(c / (C-1)))``."""
+    return [int(n_max * imb_factor ** (c / (n_classes - 1.0))) for c in range(n_classes)]
+
+
+def long_tail_indices(targets, imb_factor, seed=0):
+    """Indices of a long-tailed subset: per class, the first ``long_tail_counts`` of a seeded shuffle."""
+    targets = np.asarray(targets)
+    n_classes = int(targets.max()) + 1
+    counts = long_tail_counts(int(np.bincount(targets).max()), n_classes, imb_factor)
+    rng = np.random.RandomState(seed)
+    keep = []
+    for c, n in enumerate(counts):
+        idx = np.flatnonzero(targets == c)
+        rng.shuffle(idx)
+        keep.extend(idx[:n].tolist())
+    return sorted(keep)
+
+
+class Relabeled(Dataset):
+    """A view of ``base``: optionally a subset (``indices``) and/or labels mapped through ``mapping``.
+
+    ``targets``/``classes`` are the new ones; ``fine_targets`` keeps the original labels.
+    """
+
+    def __init__(self, base, indices=None, mapping=None, classes=None):
+        self.base = base
+        self.indices = list(range(len(base))) if indices is None else list(indices)
+        fine = np.asarray(base.targets)[self.indices]
+        self.fine_targets = fine.tolist()
+        self.mapping = mapping
+        self.targets = fine.tolist() if mapping is None else np.asarray(mapping)[fine].tolist()
+        self.classes = list(base.classes) if classes is None else list(classes)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        x, _ = self.base[self.indices[i]]
+        return x, self.targets[i]
+
+
+def class_counts(dataset):
+    """Training samples per class (for many/medium/few-shot groups)."""
+    return np.bincount(np.asarray(dataset.targets), minlength=num_classes(dataset)).tolist()
 
 
 class TwoCropTransform:
@@ -90,7 +174,7 @@ class CIFAR100(_FilesPresentMixin, datasets.CIFAR100):
 
 
 def _cifar(opt, train, transform):
-    cls = CIFAR10 if opt.dataset == 'cifar10' else CIFAR100
+    cls = CIFAR10 if opt.dataset.startswith('cifar10_') or opt.dataset == 'cifar10' else CIFAR100
     where = os.path.join(opt.data_folder, cls.base_folder)
     if not is_main():
         barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
@@ -118,11 +202,29 @@ def _image_folder(opt, split, transform):
         raise UserError(f'cannot read images in {folder}: {str(e).splitlines()[0]}') from None
 
 
-def build_dataset(opt, train, transform):
-    """The train or test split of ``opt.dataset`` with ``transform``."""
+def build_dataset(opt, train, transform, granularity=None):
+    """The train or test split of ``opt.dataset`` with ``transform``: long-tailed for ``*_lt``
+    training sets (balanced test sets), with coarse labels for ``granularity='coarse'`` (default:
+    ``--label_granularity``)."""
+    granularity = granularity or getattr(opt, 'label_granularity', 'fine')
+    indices = mapping = classes = None
+    if opt.dataset.endswith('_lt') and train:
+        base = _base_dataset(opt, train, transform)
+        indices = long_tail_indices(base.targets, opt.imb_factor, seed=0)
+    if granularity == 'coarse':
+        if opt.dataset not in COARSE:
+            raise UserError(f'coarse labels are defined for {", ".join(COARSE)}, not --dataset {opt.dataset}')
+        mapping, classes = COARSE[opt.dataset]
+    if indices is None and mapping is None:
+        return _base_dataset(opt, train, transform)
+    base = base if indices is not None else _base_dataset(opt, train, transform)
+    return Relabeled(base, indices, mapping, classes)
+
+
+def _base_dataset(opt, train, transform):
     if opt.dataset == 'digits':
         return Digits(train=train, size=opt.size, transform=transform)
-    if opt.dataset in ('cifar10', 'cifar100'):
+    if opt.dataset.startswith('cifar'):
         return _cifar(opt, train, transform)
     if opt.dataset == 'path':
         ds = _image_folder(opt, 'train' if train else 'val', transform)
@@ -137,12 +239,11 @@ def build_dataset(opt, train, transform):
 def num_classes(dataset):
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
-    base = getattr(dataset, 'base', dataset)
-    return len(base.classes)
+    return len(dataset.classes)   # IndexedDataset passes it through
 
 
 def mean_std(opt):
-    mean, std = MEAN_STD.get(opt.dataset, (None, None))
+    mean, std = MEAN_STD.get(opt.dataset.replace('_lt', ''), (None, None))
     return opt.mean or mean, opt.std or std
 
 

@@ -1,6 +1,7 @@
 """The training skeleton the three scripts share: model set-up, the per-iteration
 loop (warm-up, autocast, scaler, meters, progress bar) and the epoch loop
 (schedule, evaluation, logging, checkpoints, ``--resume``)."""
+import json
 import math
 import os
 import time
@@ -82,26 +83,41 @@ def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
     return out
 
 
+SHOT_GROUPS = {'many': (101, None), 'medium': (20, 100), 'few': (0, 19)}   # training samples per class
+
+
 @torch.no_grad()
-def evaluate(opt, loader, predict, prefix, num_classes):
-    """Over ``loader``: cross-entropy (= NLL) loss, top-1 accuracy, and the expected calibration
-    error (15 equal-width confidence bins, torchmetrics) of ``predict(images) -> logits``."""
+def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
+    """Over ``loader``: cross-entropy (= NLL) loss, top-1 accuracy, the expected calibration error
+    (15 equal-width confidence bins, torchmetrics) of ``predict(images) -> logits``, and the
+    per-class accuracy (a list under ``<prefix>/per_class_acc``). With ``class_counts`` (training
+    samples per class) also many-shot (> 100), medium-shot (20-100) and few-shot (< 20) accuracy:
+    over the test samples of the classes in each group (groups without classes are left out)."""
     from torchmetrics.classification import MulticlassCalibrationError
     ece = MulticlassCalibrationError(num_classes=num_classes, n_bins=15, norm='l1').to(opt.device)
     totals = torch.zeros(2, dtype=torch.float64, device=opt.device)   # summed NLL, correct; read once
-    count = 0
+    per_class = torch.zeros(2, num_classes, dtype=torch.float64, device=opt.device)   # correct, seen
     for images, labels in progress(loader, f'eval {prefix}'):
         images, labels = to_device(opt, images), labels.to(opt.device)
         with autocast(opt):
             logits = predict(images)
         logits = logits.float()
-        totals += torch.stack([F.cross_entropy(logits, labels, reduction='sum'),
-                               (logits.argmax(1) == labels).sum()]).double()
-        count += len(labels)
+        hit = logits.argmax(1) == labels
+        totals += torch.stack([F.cross_entropy(logits, labels, reduction='sum'), hit.sum()]).double()
+        per_class[0] += torch.bincount(labels[hit], minlength=num_classes).double()
+        per_class[1] += torch.bincount(labels, minlength=num_classes).double()
         ece.update(logits.softmax(1), labels)
-    loss_sum, correct = totals.tolist()
-    return {f'{prefix}/loss': loss_sum / count, f'{prefix}/acc': 100.0 * correct / count,
-            f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': float(ece.compute())}
+    (loss_sum, correct), (hits, seen) = totals.tolist(), per_class.tolist()
+    count = sum(seen)
+    out = {f'{prefix}/loss': loss_sum / count, f'{prefix}/acc': 100.0 * correct / count,
+           f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': float(ece.compute()),
+           f'{prefix}/per_class_acc': [100.0 * h / n if n else float('nan') for h, n in zip(hits, seen)]}
+    for group, (lo, hi) in (SHOT_GROUPS.items() if class_counts is not None else ()):
+        members = [c for c, n in enumerate(class_counts) if n >= lo and (hi is None or n <= hi)]
+        n = sum(seen[c] for c in members)
+        if n:
+            out[f'{prefix}/{group}_acc'] = 100.0 * sum(hits[c] for c in members) / n
+    return out
 
 
 def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, extra=None):
@@ -148,10 +164,9 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
         rng = all_gather_object(get_rng_state())     # every process's, for an exact --resume
         if logger is None:
             continue
-        logger.log(epoch, {k: v for k, v in metrics.items() if not k.startswith('hist/')},
-                   {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
-        shown = ', '.join(f'{k} {v:.4g}' for k, v in metrics.items()
-                          if not k.startswith('hist/') and not k.endswith('epoch_time'))
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not k.startswith('hist/')}
+        logger.log(epoch, scalars, {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
+        shown = ', '.join(f'{k} {v:.4g}' for k, v in scalars.items() if not k.endswith('epoch_time'))
         print(f'epoch {epoch}/{opt.epochs} ({metrics["train/epoch_time"]:.1f}s): {shown}', flush=True)
         state = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch,
                  'config': config_dict(opt), 'rng': rng[0], 'best': best,
@@ -165,3 +180,19 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
         logger.close()
     barrier()     # the checkpoint is on disk before any process returns
     return metrics, best
+
+
+def write_results(opt, last, best, select, **extra):
+    """``<run>/results.json``: final and selected-epoch test metrics (incl. per-class and shot-group
+    accuracies when present) and the run's settings; what ``compare.py`` reads. Rank 0 only."""
+    if not is_main():
+        return
+    results = {f'final_{k.replace("/", "_")}': v for k, v in last.items()
+               if k.startswith('test/') and k != 'test/loss'}
+    results.update(best_epoch=best['epoch'], best_epoch_test_acc=best['test/acc'], selected_by=select,
+                   config=config_dict(opt), **extra)
+    if select != 'test/acc':
+        results[f'best_{select.replace("/", "_")}'] = best[select]
+    with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
+        json.dump(results, f, indent=2)
+    return results

@@ -5,9 +5,9 @@ CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and EC
 """
 import torch.nn.functional as F
 
-from data import build_dataset, build_loader, build_transform, num_classes
+from data import build_dataset, build_loader, build_transform, class_counts, num_classes
 from distributed import wrap_model
-from engine import carrot_term, evaluate, fit, prepare_model, train_loop
+from engine import carrot_term, evaluate, fit, prepare_model, train_loop, write_results
 from losses_carrot import CARROT
 from networks import SupCEResNet
 from options import parse_option
@@ -34,6 +34,7 @@ def main(argv=None):
     train_set = build_dataset(opt, True, build_transform(opt, 'train'))
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
     train_loader = build_loader(opt, train_set, train=True)
+    counts = class_counts(train_set) if opt.dataset.endswith('_lt') else None
     test_loader = build_loader(opt, test_set, train=False)
     model = prepare_model(opt, SupCEResNet(opt.model, num_classes=num_classes(train_set)))
     ddp_model = wrap_model(opt, model)    # the model itself in one process
@@ -52,11 +53,12 @@ def main(argv=None):
 
     def evaluate_epoch(epoch):
         model.eval()
-        return evaluate(opt, test_loader, model, 'test', num_classes(train_set))
+        return evaluate(opt, test_loader, model, 'test', num_classes(train_set), counts)
 
     print(f'run folder: {opt.run_folder}')
     last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc')
     last = last or best
+    write_results(opt, last, best, 'test/acc')
     print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')
     print(f'final test top-1: {last["test/acc"]:.2f}, NLL {last["test/nll"]:.4f}, ECE {last["test/ece"]:.4f}')
 

@@ -6,16 +6,15 @@ Reads checkpoints of this project (any of the three scripts' encoders) and of
 the original SupContrast. Prints the final and the best test top-1; with
 ``--val_split`` it also selects the epoch on held-out training data.
 """
-import json
 import os
 
 import torch
 import torch.nn as nn
 
 from checkpoint import clean_state_dict, load_checkpoint
-from data import build_dataset, build_loader, build_transform, num_classes, split_train_val
+from data import build_dataset, build_loader, build_transform, class_counts, num_classes, split_train_val
 from distributed import wrap_model
-from engine import evaluate, fit, prepare_model, train_loop
+from engine import evaluate, fit, prepare_model, train_loop, write_results
 from networks import LinearClassifier, build_encoder
 from options import parse_option
 from util import UserError, accuracy, autocast, grad_scaler, run_cli, set_optimizer, set_seed, to_device
@@ -48,12 +47,14 @@ def main(argv=None):
     opt = parse_option('linear', argv)
     set_seed(opt.seed + opt.rank)    # each torchrun process augments differently; DDP syncs the weights
     encoder = load_encoder(opt)
-    train_set = build_dataset(opt, True, build_transform(opt, 'train'))
-    test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
+    # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
+    train_set = build_dataset(opt, True, build_transform(opt, 'train'), opt.eval_labels)
+    test_set = build_dataset(opt, False, build_transform(opt, 'eval'), opt.eval_labels)
     n_cls = num_classes(train_set)
+    counts = class_counts(train_set) if opt.dataset.endswith('_lt') else None
     loaders = {}
     if opt.val_split > 0:
-        held_out = build_dataset(opt, True, build_transform(opt, 'eval'))
+        held_out = build_dataset(opt, True, build_transform(opt, 'eval'), opt.eval_labels)
         train_idx, val_idx = split_train_val(train_set.targets, opt.val_split, opt.seed)
         train_set = torch.utils.data.Subset(train_set, train_idx)
         loaders['val'] = build_loader(opt, torch.utils.data.Subset(held_out, val_idx), train=False)
@@ -86,20 +87,14 @@ def main(argv=None):
         classifier.eval()
         out = {}
         for split, loader in loaders.items():
-            out.update(evaluate(opt, loader, predict, split, n_cls))
+            out.update(evaluate(opt, loader, predict, split, n_cls, counts))
         return out
 
     print(f'run folder: {opt.run_folder}')
     select = 'val/acc' if opt.val_split > 0 else 'test/acc'
     last, best = fit(opt, classifier, optimizer, train_epoch, evaluate_epoch, select=select)
     last = last or best
-    results = {'ckpt': os.path.abspath(opt.ckpt), 'final_test_acc': last['test/acc'],
-               'final_test_nll': last['test/nll'], 'final_test_ece': last['test/ece'],
-               'best_epoch': best['epoch'], 'best_epoch_test_acc': best['test/acc'], 'selected_by': select}
-    if opt.val_split > 0:
-        results['best_val_acc'] = best['val/acc']
-    with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
-        json.dump(results, f, indent=2)
+    write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt))
     if opt.val_split > 0:
         print(f'best val top-1: {best["val/acc"]:.2f} (epoch {best["epoch"]}), '
               f'test top-1 there: {best["test/acc"]:.2f}')

@@ -8,10 +8,11 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
 import torch
 import torch.nn.functional as F
 
-from data import TwoCropTransform, build_dataset, build_loader, build_transform
+from data import TwoCropTransform, build_dataset, build_loader, build_transform, num_classes
 from datasets_indexed import IndexedDataset
 from distributed import gather, gather_with_grad, wrap_model
 from engine import carrot_term, fit, prepare_model, train_loop
+from knn import extract_features, knn_predict
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_carrot import CARROT
 from losses_rascal import DRIFT_BINS, RASCALLoss
@@ -60,6 +61,29 @@ def contrastive_loss(opt, ddp_model, model, criterion, carrot, views, labels, sa
     return loss, stats
 
 
+def knn_monitor(opt, model):
+    """``evaluate_epoch`` for ``--knn_every N``: weighted kNN top-1 of encoder features on the test
+    split, every N epochs and at the last (``knn/acc``; with coarse training also ``knn/acc_fine``)."""
+    transform = build_transform(opt, 'eval')
+    loaders = {g: (build_loader(opt, build_dataset(opt, True, transform, g), train=False),
+                   build_loader(opt, build_dataset(opt, False, transform, g), train=False))
+               for g in dict.fromkeys([opt.label_granularity, 'fine'])}
+
+    def evaluate_epoch(epoch):
+        if epoch % opt.knn_every and epoch != opt.epochs:
+            return {}
+        model.eval()
+        out = {}
+        for g, (memory, test) in loaders.items():
+            bank, bank_y = extract_features(opt, model.encoder, memory)
+            feats, y = extract_features(opt, model.encoder, test)
+            pred = knn_predict(bank, bank_y, feats, num_classes(memory.dataset), opt.knn_k, opt.knn_t)
+            out['knn/acc' if g == opt.label_granularity else 'knn/acc_fine'] = \
+                100.0 * (pred == y).float().mean().item()
+        return out
+    return evaluate_epoch
+
+
 def main(argv=None):
     opt = parse_option('supcon', argv)
     set_seed(opt.seed + opt.rank)    # each torchrun process augments differently; DDP syncs the weights
@@ -91,7 +115,7 @@ def main(argv=None):
 
     extra = {'criterion': criterion} if opt.method == 'RASCAL' else None
     print(f'run folder: {opt.run_folder}')
-    fit(opt, model, optimizer, train_epoch, extra=extra)
+    fit(opt, model, optimizer, train_epoch, knn_monitor(opt, model) if opt.knn_every else None, extra=extra)
     print(f'checkpoint: {opt.run_folder}/last.pth')
 
 

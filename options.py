@@ -69,6 +69,14 @@ def build_parser(script):
     p.add_argument('--mean', type=_floats, default=None, help='per-channel mean, e.g. "(0.5, 0.5, 0.5)"')
     p.add_argument('--std', type=_floats, default=None, help='per-channel std, e.g. "(0.25, 0.25, 0.25)"')
     p.add_argument('--data_folder', default=None, help='default: ./datasets/')
+    p.add_argument('--imb_factor', type=float, default=0.01,
+                   help='cifar10_lt/cifar100_lt: smallest/largest class size of the training set')
+    if script == 'linear':
+        p.add_argument('--eval_labels', choices=['fine', 'coarse'], default='fine',
+                       help='labels of the linear classifier (fine: CIFAR-100 classes / digits)')
+    else:
+        p.add_argument('--label_granularity', choices=['fine', 'coarse'], default='fine',
+                       help='train on coarse labels: the 20 CIFAR-100 superclasses, or 5 digit groups')
     p.add_argument('--size', type=int, default=None, help='image size (default: 16 for digits, 32 otherwise)')
     if script == 'supcon':
         p.add_argument('--method', choices=['SupCon', 'SimCLR', 'RASCAL'], default='SupCon')
@@ -80,6 +88,10 @@ def build_parser(script):
         p.add_argument('--margin', type=float, default=None, help='margin of margin_triplet (default 1.0)')
         p.add_argument('--temp', type=float, default=0.07, help='loss temperature (not used by margin_triplet)')
         p.add_argument('--head', choices=['mlp', 'linear'], default='mlp')
+        p.add_argument('--knn_every', type=int, default=0,
+                       help='every N epochs, weighted kNN accuracy of encoder features on the test split (0: off)')
+        p.add_argument('--knn_k', type=int, default=200, help='kNN monitor: neighbours')
+        p.add_argument('--knn_t', type=float, default=0.1, help='kNN monitor: temperature of the vote weights')
         p.add_argument('--feat_dim', type=int, default=128)
     if script in ('supcon', 'ce'):
         p.add_argument('--carrot', action='store_true', help='add the CARROT corridor regularizer (needs labels)')
@@ -143,6 +155,14 @@ def validate(opt, script):
     if opt.dataset == 'path':
         _check(opt.data_folder, '--dataset path needs --data_folder with train/ and val/ ImageFolder sub-folders')
         _check(opt.mean and opt.std, '--dataset path needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
+    if opt.dataset.endswith('_lt'):
+        _check(0 < opt.imb_factor <= 1, f'--imb_factor must be in (0, 1], got {opt.imb_factor}')
+    granularity = getattr(opt, 'label_granularity', None) or opt.eval_labels
+    _check(granularity == 'fine' or opt.dataset in ('cifar100', 'cifar100_lt', 'digits'),
+           f'coarse labels are defined for cifar100, cifar100_lt and digits, not --dataset {opt.dataset}')
+    if script == 'supcon':
+        _check(opt.knn_every >= 0 and opt.knn_k >= 1 and opt.knn_t > 0,
+               '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')
     if opt.std is not None:
         _check(all(v > 0 for v in opt.std), f'--std must be > 0, got {opt.std}')
 
@@ -180,6 +200,12 @@ def run_name(opt, script):
         pretrain = os.path.basename(os.path.dirname(os.path.abspath(opt.ckpt)))
         stem = os.path.splitext(os.path.basename(opt.ckpt))[0]
         name = f'{pretrain}_{stem}_lr_{opt.learning_rate}_bsz_{opt.batch_size}_trial_{opt.trial}'
+    if getattr(opt, 'label_granularity', 'fine') == 'coarse':
+        name += '_coarse'
+    if script == 'linear' and opt.eval_labels == 'coarse':
+        name += '_evalcoarse'
+    if opt.dataset.endswith('_lt'):
+        name += f'_imb_{opt.imb_factor}'
     if getattr(opt, 'carrot', False):
         name += '_carrot' + ('-head' if getattr(opt, 'carrot_on', None) == 'head' else '')
     if opt.cosine:

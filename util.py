@@ -169,12 +169,17 @@ class RunLogger:
         from torch.utils.tensorboard import SummaryWriter
         os.makedirs(folder, exist_ok=True)
         self.csv_path = os.path.join(folder, 'metrics.csv')
-        self.rows = []
-        if start_epoch > 1 and os.path.exists(self.csv_path):
-            with open(self.csv_path, newline='') as f:
-                self.rows = [r for r in csv.DictReader(f) if int(r['epoch']) < start_epoch]
-        elif os.path.exists(self.csv_path):
-            os.remove(self.csv_path)
+        self.hist_path = os.path.join(folder, 'histograms.csv')   # epoch, name, bucket counts over [0, 1]
+        self.rows, self.hist_rows = [], []
+        for path, rows in ((self.csv_path, self.rows), (self.hist_path, self.hist_rows)):
+            if start_epoch > 1 and os.path.exists(path):
+                with open(path, newline='') as f:
+                    rows.extend(r for r in csv.reader(f) if r[0] == 'epoch' or int(r[0]) < start_epoch)
+            elif os.path.exists(path):
+                os.remove(path)
+        if self.rows:   # back to dicts (header first)
+            self.rows = [dict(zip(self.rows[0], r)) for r in self.rows[1:]]
+        self.hist_rows = [r for r in self.hist_rows if r[0] != 'epoch']
         self.writer = SummaryWriter(os.path.join(folder, 'tensorboard'), purge_step=start_epoch)
 
     def log(self, epoch, metrics, histograms=None):
@@ -182,7 +187,12 @@ class RunLogger:
             self.writer.add_scalar(key, value, epoch)
         for key, counts in (histograms or {}).items():
             self._histogram(key, counts, epoch)
+            self.hist_rows.append([epoch, key] + [int(c) for c in torch.as_tensor(counts).tolist()])
         self.writer.flush()
+        if histograms:
+            with open(self.hist_path + '.tmp', 'w', newline='') as f:
+                csv.writer(f).writerows([['epoch', 'name', 'counts...']] + self.hist_rows)
+            os.replace(self.hist_path + '.tmp', self.hist_path)
         self.rows.append({'epoch': epoch, **{k: f'{v:.6g}' for k, v in metrics.items()}})
         fields = ['epoch'] + sorted({k for r in self.rows for k in r} - {'epoch'})
         tmp = self.csv_path + '.tmp'
