@@ -1,0 +1,195 @@
+"""Analysis of a trained run: per-class vMF concentration, t-SNE maps, training curves, RASCAL rank drift.
+
+    python analyze.py --ckpt save/SupCon/digits/<run>/last.pth
+
+Writes PNG files and ``summary.md`` to ``<run>/analysis/`` (or ``--out``):
+- ``kappa.png``: per-class von Mises-Fisher concentration ``kappa_hat`` of the L2-normalized encoder
+  features of the training split (spec CARROT.md, Sra 2012); collapse shows as kappa growing without bound.
+- ``tsne.png``: t-SNE of test-split encoder features coloured by class (and by fine class beside it
+  when the encoder was trained on coarse labels).
+- ``curves.png``: every per-epoch metric of ``metrics.csv``.
+- ``rank_drift.png``: RASCAL's rank-drift distribution per epoch (``histograms.csv``), for RASCAL runs.
+"""
+import csv
+import os
+
+import numpy as np
+import torch
+
+from checkpoint import load_checkpoint
+from data import DATASETS, build_dataset, build_loader, build_transform
+from knn import extract_features
+from options import Parser
+from util import UserError, resolve_device, run_cli
+
+
+def kappa_hat(features, labels):
+    """Per-class vMF concentration ``{class: kappa_hat}`` of unit ``features`` ``[N, D]``:
+    ``R = ||mean_i x_i||``, ``kappa_hat = R (D - R^2) / (1 - R^2)`` (Banerjee et al. 2005; Sra 2012).
+    A class with one sample (or identical samples, R = 1) gets ``inf``."""
+    features = torch.as_tensor(features, dtype=torch.float64)
+    labels = torch.as_tensor(labels)
+    dim = features.shape[1]
+    out = {}
+    for c in torch.unique(labels).tolist():
+        r = features[labels == c].mean(0).norm().item()
+        out[c] = float('inf') if r >= 1 - 1e-12 else r * (dim - r * r) / (1 - r * r)
+    return out
+
+
+def read_csv(path):
+    with open(path, newline='') as f:
+        return list(csv.DictReader(f))
+
+
+def plot_curves(rows, path):
+    import matplotlib.pyplot as plt
+    keys = [k for k in rows[0] if k != 'epoch' and any(r.get(k) for r in rows)]
+    if not keys:
+        return False
+    cols = min(4, len(keys))
+    n_rows = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(n_rows, cols, figsize=(3.2 * cols, 2.4 * n_rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        pts = [(int(r['epoch']), float(r[key])) for r in rows if r.get(key)]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='.' if len(pts) < 30 else None)
+        ax.set_title(key, fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis('off')
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_drift(hist_path, path):
+    import matplotlib.pyplot as plt
+    with open(hist_path, newline='') as f:
+        rows = [r for r in csv.reader(f) if r[0] != 'epoch' and r[1] == 'rascal/rank_drift']
+    if not rows:
+        return False
+    epochs = [int(r[0]) for r in rows]
+    counts = np.array([[float(c) for c in r[2:]] for r in rows])
+    dens = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    im = ax.imshow(dens.T, origin='lower', aspect='auto', extent=(epochs[0] - 0.5, epochs[-1] + 0.5, 0, 1))
+    ax.set_xlabel('epoch')
+    ax.set_ylabel('rank drift (normalized)')
+    ax.set_title('RASCAL rank-drift distribution per epoch')
+    fig.colorbar(im, ax=ax, label='fraction of positives')
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_tsne(feats, colourings, path, seed):
+    import matplotlib.pyplot as plt
+    from sklearn.manifold import TSNE
+    xy = TSNE(n_components=2, init='pca', perplexity=min(30.0, max(2.0, (len(feats) - 1) / 3)),
+              random_state=seed).fit_transform(feats)
+    fig, axes = plt.subplots(1, len(colourings), figsize=(5 * len(colourings), 4.6), squeeze=False)
+    for ax, (title, labels) in zip(axes.flat, colourings):
+        ax.scatter(xy[:, 0], xy[:, 1], c=labels, cmap='tab20' if max(labels) >= 10 else 'tab10', s=4)
+        ax.set_title(title)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_kappa(kappas, path, title):
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(4, 0.18 * len(kappas) + 2), 3))
+    ax.bar(range(len(kappas)), [min(v, 1e6) for v in kappas.values()])
+    ax.set_xlabel('class')
+    ax.set_ylabel('kappa_hat')
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    import matplotlib
+    matplotlib.use('Agg')
+    from main_linear import load_encoder
+    p = Parser(description='Analysis of a trained run (vMF kappa, t-SNE, curves, rank drift).')
+    p.add_argument('--ckpt', required=True, help='a checkpoint of main_supcon.py or main_ce.py (or SupContrast)')
+    p.add_argument('--dataset', choices=DATASETS, default=None, help="default: the checkpoint's")
+    p.add_argument('--data_folder', default=None, help="default: the checkpoint's, else ./datasets/")
+    p.add_argument('--out', default=None, help='output folder (default: <run>/analysis)')
+    p.add_argument('--max_points', type=int, default=2000, help='test samples in the t-SNE map')
+    p.add_argument('--batch_size', type=int, default=256)
+    p.add_argument('--device', default='auto')
+    p.add_argument('--seed', type=int, default=0)
+    opt = p.parse_args(argv)
+    config = load_checkpoint(opt.ckpt, 'checkpoint (--ckpt)').get('config', {})
+    opt.dataset = opt.dataset or config.get('dataset', 'digits')
+    opt.data_folder = opt.data_folder or config.get('data_folder') or './datasets/'
+    for key, default in (('size', 16 if opt.dataset == 'digits' else 32), ('mean', None), ('std', None),
+                         ('imb_factor', 0.01)):
+        setattr(opt, key, config.get(key, default) if config.get('dataset') == opt.dataset else default)
+    if opt.dataset == 'path' and not (opt.mean and opt.std):
+        raise UserError('--dataset path: the checkpoint has no --mean/--std to reuse')
+    opt.model, opt.num_workers, opt.amp, opt.channels_last = None, 0, 'none', False
+    opt.device = resolve_device(opt.device)
+    if opt.max_points < 10:
+        raise UserError(f'--max_points must be >= 10, got {opt.max_points}')
+    coarse = config.get('label_granularity') == 'coarse'
+    run = os.path.dirname(os.path.abspath(opt.ckpt))
+    out = opt.out or os.path.join(run, 'analysis')
+    os.makedirs(out, exist_ok=True)
+    encoder = load_encoder(opt)
+    transform = build_transform(opt, 'eval')
+    summary = [f'# Analysis of `{opt.ckpt}`', '', f'encoder: {opt.model}, dataset: {opt.dataset}'
+               + (' (trained on coarse labels)' if coarse else ''), '']
+
+    # per-class vMF concentration on the training split (fine labels; coarse too when trained so)
+    train_set = build_dataset(opt, True, transform, 'fine')
+    feats, labels = extract_features(opt, encoder, build_loader(opt, train_set, train=False))
+    feats, labels = feats.cpu(), labels.cpu()
+    kappas = {'fine': kappa_hat(feats, labels)}
+    if coarse:
+        coarse_labels = torch.as_tensor(build_dataset(opt, True, None, 'coarse').targets)
+        kappas['coarse'] = kappa_hat(feats, coarse_labels)
+    summary += ['## Per-class vMF concentration (training split, unit encoder features)', '',
+                f'D = {feats.shape[1]}; kappa_hat = R(D - R^2)/(1 - R^2), R the mean resultant length.', '',
+                '| labels | classes | mean | min | max |', '| --- | --- | --- | --- | --- |']
+    for name, k in kappas.items():
+        v = np.array(list(k.values()))
+        summary.append(f'| {name} | {len(v)} | {v.mean():.2f} | {v.min():.2f} | {v.max():.2f} |')
+        plot_kappa(k, os.path.join(out, f'kappa{"" if name == "fine" else "_coarse"}.png'),
+                   f'vMF kappa_hat per {name} class')
+    summary += ['', '![kappa](kappa.png)', '']
+
+    # t-SNE of the test split
+    test_set = build_dataset(opt, False, transform, 'fine')
+    test_feats, test_labels = extract_features(opt, encoder, build_loader(opt, test_set, train=False))
+    rng = np.random.RandomState(opt.seed)
+    keep = np.sort(rng.permutation(len(test_labels))[:opt.max_points])
+    colourings = [('fine class' if coarse else 'class', test_labels.cpu().numpy()[keep].tolist())]
+    if coarse:
+        colourings.insert(0, ('coarse class (trained on)',
+                              np.asarray(build_dataset(opt, False, None, 'coarse').targets)[keep].tolist()))
+    plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed)
+    summary += ['## t-SNE of test-split encoder features', '', f'{len(keep)} points.', '', '![t-SNE](tsne.png)', '']
+
+    metrics = os.path.join(run, 'metrics.csv')
+    if os.path.exists(metrics) and read_csv(metrics) and plot_curves(read_csv(metrics), os.path.join(out, 'curves.png')):
+        rows = read_csv(metrics)
+        last = {k: v for k, v in rows[-1].items() if v}
+        summary += ['## Training curves', '', f'{len(rows)} epochs; last epoch:', '', '| metric | value |',
+                    '| --- | --- |'] + [f'| {k} | {v} |' for k, v in last.items()] + ['', '![curves](curves.png)', '']
+    hist = os.path.join(run, 'histograms.csv')
+    if os.path.exists(hist) and plot_drift(hist, os.path.join(out, 'rank_drift.png')):
+        summary += ['## RASCAL rank drift', '', '![rank drift](rank_drift.png)', '']
+    with open(os.path.join(out, 'summary.md'), 'w') as f:
+        f.write('\n'.join(summary))
+    print(f'analysis written to {out}: ' + ', '.join(sorted(os.listdir(out))))
+
+
+if __name__ == '__main__':
+    run_cli(main)
