@@ -16,11 +16,5 @@ for LOSS in ntxent ntlogistic margin_triplet; do
         --batch_size 128 --learning_rate 1 --cosine --num_workers 0 --seed "$SEED" \
         --save_folder "$OUT/$LOSS/linear" --print_freq 1000
 done
-"$PY" - "$OUT" <<'PYEOF'
-import glob, json, os, sys
-out = sys.argv[1]
-print(f'{"loss":15s} {"test top-1":>10s}')
-for loss in ('ntxent', 'ntlogistic', 'margin_triplet'):
-    res = json.load(open(glob.glob(os.path.join(out, loss, 'linear', '**', 'results.json'), recursive=True)[0]))
-    print(f'{loss:15s} {res["final_test_acc"]:10.2f}')
-PYEOF
+"$PY" compare.py "NT-Xent=$OUT/ntxent/linear" "NT-Logistic=$OUT/ntlogistic/linear" \
+    "Marginal Triplet=$OUT/margin_triplet/linear"

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import assert_value_and_grad_close
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 
 
@@ -70,17 +71,7 @@ LOSSES = {
 
 def check(name, features, labels=None):
     make, reference = LOSSES[name]
-    x1 = features.clone().requires_grad_(True)
-    x2 = features.clone().requires_grad_(True)
-    got = make()(x1, labels=labels)
-    want = reference(x2, labels)
-    assert torch.isfinite(got)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
-    got.backward()
-    want.backward()
-    assert torch.isfinite(x1.grad).all()
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-8)
-    return got
+    return assert_value_and_grad_close(lambda x: make()(x, labels=labels), lambda x: reference(x, labels), features)
 
 
 @pytest.mark.parametrize('name', sorted(LOSSES))
@@ -105,14 +96,8 @@ def test_triplet_ties_and_hinge_boundary():
     g = torch.Generator().manual_seed(3)
     features = (torch.randint(0, 2, (8, 2, 4), generator=g).double() - 0.5)
     for margin in (0.0, 0.5):
-        x1 = features.clone().requires_grad_(True)
-        x2 = features.clone().requires_grad_(True)
-        got = MarginalTripletLoss(margin)(x1)
-        want = reference_triplet(x2, None, margin)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
-        got.backward()
-        want.backward()
-        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-8)
+        assert_value_and_grad_close(MarginalTripletLoss(margin), lambda x: reference_triplet(x, None, margin),
+                                    features)
 
 
 def test_triplet_zero_when_margin_is_satisfied():

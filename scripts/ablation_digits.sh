@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The ablation that tests our own methods on digits: SupCon, SimCLR, RASCAL (agreement, current,
+# uniform), SupCon + CARROT, CE, CE + CARROT; each pre-trained on the 10 digit classes ("plain") and
+# on 5 coarse digit groups ("coarse-to-fine"), then linearly evaluated on the 10 digit classes;
+# 3 seeds each (96 runs). Prints the comparison table (mean +- std over seeds) and saves it as
+# save/ablation_digits/table.md. About 20 minutes on a 2-core CPU (two runs at a time, one thread each).
+#   bash scripts/ablation_digits.sh [EPOCHS] [SEEDS]          defaults: 15 "0 1 2"
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+EPOCHS="${1:-15}"
+SEEDS="${2:-0 1 2}"
+JOBS="${JOBS:-2}"
+OUT="save/ablation_digits"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+START=$(date +%s)
+rm -rf "$OUT"
+
+declare -A ARGS=(
+    [SupCon]="main_supcon.py --method SupCon"
+    [SimCLR]="main_supcon.py --method SimCLR"
+    [RASCAL-agreement]="main_supcon.py --method RASCAL --rascal_weighting agreement"
+    [RASCAL-current]="main_supcon.py --method RASCAL --rascal_weighting current"
+    [RASCAL-uniform]="main_supcon.py --method RASCAL --rascal_weighting uniform"
+    [SupCon+CARROT]="main_supcon.py --method SupCon --carrot"
+    [CE]="main_ce.py"
+    [CE+CARROT]="main_ce.py --carrot"
+)
+METHODS="SupCon SimCLR RASCAL-agreement RASCAL-current RASCAL-uniform SupCon+CARROT CE CE+CARROT"
+
+run_one() {   # METHOD SETTING SEED: pre-train, then linear evaluation on the 10 digit classes
+    local method="$1" setting="$2" seed="$3"
+    local dir="$OUT/$setting/$method/seed_$seed" granularity=fine
+    [ "$setting" = coarse-to-fine ] && granularity=coarse
+    # shellcheck disable=SC2086
+    set -- ${ARGS[$method]}
+    local script="$1"; shift
+    local hyper=(--learning_rate 0.2 --temp 0.1)
+    [ "$script" = main_ce.py ] && hyper=(--learning_rate 0.1)
+    "$PY" "$script" "$@" --dataset digits --label_granularity "$granularity" --epochs "$EPOCHS" \
+        --batch_size 128 "${hyper[@]}" --cosine --num_workers 0 --seed "$seed" --print_freq 1000 \
+        --save_folder "$dir/pretrain" > "$dir.pretrain.log" 2>&1
+    "$PY" main_linear.py --dataset digits --eval_labels fine --ckpt "$(find "$dir/pretrain" -name last.pth)" \
+        --epochs 5 --batch_size 128 --learning_rate 1 --cosine --num_workers 0 --seed "$seed" \
+        --print_freq 1000 --save_folder "$dir/linear" > "$dir.linear.log" 2>&1
+    echo "done: $setting $method seed $seed ($(( $(date +%s) - START ))s)"
+}
+
+mkdir -p "$OUT"
+for setting in plain coarse-to-fine; do
+    for method in $METHODS; do
+        for seed in $SEEDS; do
+            mkdir -p "$OUT/$setting/$method"
+            while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+            run_one "$method" "$setting" "$seed" &
+        done
+    done
+done
+wait
+
+ROWS=()
+for setting in plain coarse-to-fine; do
+    for method in $METHODS; do
+        ROWS+=("$method, $setting=$OUT/$setting/$method/seed_*/linear")
+    done
+done
+echo
+echo "digits, resnet_tiny, $EPOCHS pre-training epochs, linear evaluation on the 10 digit classes, seeds: $SEEDS"
+"$PY" compare.py "${ROWS[@]}" --out "$OUT/table.md"
+echo "total: $(( $(date +%s) - START ))s"
