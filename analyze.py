@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
-from data import DATASETS, build_dataset, build_loader, build_transform
+from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels
 from knn import extract_features
 from options import Parser
 from util import UserError, resolve_device, run_cli
@@ -152,9 +152,9 @@ def main(argv=None):
     feats, labels = extract_features(opt, encoder, build_loader(opt, train_set, train=False))
     feats, labels = feats.cpu(), labels.cpu()
     kappas = {'fine': kappa_hat(feats, labels)}
+    to_coarse = torch.as_tensor(coarse_labels(opt.dataset)[0]) if coarse else None
     if coarse:
-        coarse_labels = torch.as_tensor(build_dataset(opt, True, None, 'coarse').targets)
-        kappas['coarse'] = kappa_hat(feats, coarse_labels)
+        kappas['coarse'] = kappa_hat(feats, to_coarse[labels])
     summary += ['## Per-class vMF concentration (training split, unit encoder features)', '',
                 f'D = {feats.shape[1]}; kappa_hat = R(D - R^2)/(1 - R^2), R the mean resultant length.', '',
                 '| labels | classes | mean | min | max |', '| --- | --- | --- | --- | --- |']
@@ -170,10 +170,10 @@ def main(argv=None):
     test_feats, test_labels = extract_features(opt, encoder, build_loader(opt, test_set, train=False))
     rng = np.random.RandomState(opt.seed)
     keep = np.sort(rng.permutation(len(test_labels))[:opt.max_points])
-    colourings = [('fine class' if coarse else 'class', test_labels.cpu().numpy()[keep].tolist())]
+    test_labels = test_labels.cpu()[keep]
+    colourings = [('fine class' if coarse else 'class', test_labels.tolist())]
     if coarse:
-        colourings.insert(0, ('coarse class (trained on)',
-                              np.asarray(build_dataset(opt, False, None, 'coarse').targets)[keep].tolist()))
+        colourings.insert(0, ('coarse class (trained on)', to_coarse[test_labels].tolist()))
     plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed)
     summary += ['## t-SNE of test-split encoder features', '', f'{len(keep)} points.', '', '![t-SNE](tsne.png)', '']
 

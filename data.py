@@ -93,7 +93,6 @@ class Relabeled(Dataset):
         self.indices = list(range(len(base))) if indices is None else list(indices)
         fine = np.asarray(base.targets)[self.indices]
         self.fine_targets = fine.tolist()
-        self.mapping = mapping
         self.targets = fine.tolist() if mapping is None else np.asarray(mapping)[fine].tolist()
         self.classes = list(base.classes) if classes is None else list(classes)
 
@@ -174,7 +173,7 @@ class CIFAR100(_FilesPresentMixin, datasets.CIFAR100):
 
 
 def _cifar(opt, train, transform):
-    cls = CIFAR10 if opt.dataset.startswith('cifar10_') or opt.dataset == 'cifar10' else CIFAR100
+    cls = CIFAR10 if opt.dataset.replace('_lt', '') == 'cifar10' else CIFAR100
     where = os.path.join(opt.data_folder, cls.base_folder)
     if not is_main():
         barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
@@ -207,18 +206,19 @@ def build_dataset(opt, train, transform, granularity=None):
     training sets (balanced test sets), with coarse labels for ``granularity='coarse'`` (default:
     ``--label_granularity``)."""
     granularity = granularity or getattr(opt, 'label_granularity', 'fine')
-    indices = mapping = classes = None
-    if opt.dataset.endswith('_lt') and train:
-        base = _base_dataset(opt, train, transform)
-        indices = long_tail_indices(base.targets, opt.imb_factor, seed=0)
-    if granularity == 'coarse':
-        if opt.dataset not in COARSE:
-            raise UserError(f'coarse labels are defined for {", ".join(COARSE)}, not --dataset {opt.dataset}')
-        mapping, classes = COARSE[opt.dataset]
+    mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
+    base = _base_dataset(opt, train, transform)
+    indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if opt.dataset.endswith('_lt') and train else None
     if indices is None and mapping is None:
-        return _base_dataset(opt, train, transform)
-    base = base if indices is not None else _base_dataset(opt, train, transform)
+        return base
     return Relabeled(base, indices, mapping, classes)
+
+
+def coarse_labels(dataset):
+    """(fine -> coarse index list, coarse class names) of ``dataset``; a :class:`UserError` if it has none."""
+    if dataset not in COARSE:
+        raise UserError(f'coarse labels are defined for {", ".join(COARSE)}, not --dataset {dataset}')
+    return COARSE[dataset]
 
 
 def _base_dataset(opt, train, transform):

@@ -8,7 +8,7 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
 import torch
 import torch.nn.functional as F
 
-from data import TwoCropTransform, build_dataset, build_loader, build_transform, num_classes
+from data import TwoCropTransform, build_dataset, build_loader, build_transform, coarse_labels, num_classes
 from datasets_indexed import IndexedDataset
 from distributed import gather, gather_with_grad, wrap_model
 from engine import carrot_term, fit, prepare_model, train_loop
@@ -63,23 +63,29 @@ def contrastive_loss(opt, ddp_model, model, criterion, carrot, views, labels, sa
 
 def knn_monitor(opt, model):
     """``evaluate_epoch`` for ``--knn_every N``: weighted kNN top-1 of encoder features on the test
-    split, every N epochs and at the last (``knn/acc``; with coarse training also ``knn/acc_fine``)."""
+    split, every N epochs and at the last (``knn/acc``; with coarse training also ``knn/acc_fine``).
+    Features are extracted once per evaluation; coarse labels are the fine ones mapped."""
     transform = build_transform(opt, 'eval')
-    loaders = {g: (build_loader(opt, build_dataset(opt, True, transform, g), train=False),
-                   build_loader(opt, build_dataset(opt, False, transform, g), train=False))
-               for g in dict.fromkeys([opt.label_granularity, 'fine'])}
+    memory = build_loader(opt, build_dataset(opt, True, transform, 'fine'), train=False)
+    test = build_loader(opt, build_dataset(opt, False, transform, 'fine'), train=False)
+    n_fine = num_classes(memory.dataset)
+    # metric -> (fine label -> training label, number of classes)
+    label_maps = {'knn/acc': (torch.arange(n_fine, device=opt.device), n_fine)}
+    if opt.label_granularity == 'coarse':
+        mapping, classes = coarse_labels(opt.dataset)
+        label_maps = {'knn/acc': (torch.as_tensor(mapping, device=opt.device), len(classes)),
+                      'knn/acc_fine': label_maps['knn/acc']}
 
     def evaluate_epoch(epoch):
         if epoch % opt.knn_every and epoch != opt.epochs:
             return {}
         model.eval()
+        bank, bank_y = extract_features(opt, model.encoder, memory)
+        feats, y = extract_features(opt, model.encoder, test)
         out = {}
-        for g, (memory, test) in loaders.items():
-            bank, bank_y = extract_features(opt, model.encoder, memory)
-            feats, y = extract_features(opt, model.encoder, test)
-            pred = knn_predict(bank, bank_y, feats, num_classes(memory.dataset), opt.knn_k, opt.knn_t)
-            out['knn/acc' if g == opt.label_granularity else 'knn/acc_fine'] = \
-                100.0 * (pred == y).float().mean().item()
+        for key, (to, n_cls) in label_maps.items():
+            pred = knn_predict(bank, to[bank_y], feats, n_cls, opt.knn_k, opt.knn_t)
+            out[key] = 100.0 * (pred == to[y]).float().mean().item()
         return out
     return evaluate_epoch
 

@@ -7,7 +7,7 @@ import argparse
 import os
 import re
 
-from data import DATASETS
+from data import DATASETS, coarse_labels
 from networks import MODELS
 from distributed import init_distributed
 from util import UserError, resolve_device
@@ -157,9 +157,8 @@ def validate(opt, script):
         _check(opt.mean and opt.std, '--dataset path needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
     if opt.dataset.endswith('_lt'):
         _check(0 < opt.imb_factor <= 1, f'--imb_factor must be in (0, 1], got {opt.imb_factor}')
-    granularity = getattr(opt, 'label_granularity', None) or opt.eval_labels
-    _check(granularity == 'fine' or opt.dataset in ('cifar100', 'cifar100_lt', 'digits'),
-           f'coarse labels are defined for cifar100, cifar100_lt and digits, not --dataset {opt.dataset}')
+    if (getattr(opt, 'label_granularity', None) or opt.eval_labels) == 'coarse':
+        coarse_labels(opt.dataset)    # a one-line error for datasets without superclasses
     if script == 'supcon':
         _check(opt.knn_every >= 0 and opt.knn_k >= 1 and opt.knn_t > 0,
                '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')

@@ -158,6 +158,13 @@ def to_device(opt, images):
 
 
 # ---------------------------------------------------------------- run logging
+def _write_csv(path, rows):
+    """Rewrite ``path`` with ``rows`` through a temporary file and a rename (never half a file)."""
+    with open(path + '.tmp', 'w', newline='') as f:
+        csv.writer(f).writerows(rows)
+    os.replace(path + '.tmp', path)
+
+
 class RunLogger:
     """Per-epoch metrics to TensorBoard (``<run>/tensorboard``) and ``<run>/metrics.csv``.
 
@@ -190,17 +197,10 @@ class RunLogger:
             self.hist_rows.append([epoch, key] + [int(c) for c in torch.as_tensor(counts).tolist()])
         self.writer.flush()
         if histograms:
-            with open(self.hist_path + '.tmp', 'w', newline='') as f:
-                csv.writer(f).writerows([['epoch', 'name', 'counts...']] + self.hist_rows)
-            os.replace(self.hist_path + '.tmp', self.hist_path)
+            _write_csv(self.hist_path, [['epoch', 'name', 'counts...']] + self.hist_rows)
         self.rows.append({'epoch': epoch, **{k: f'{v:.6g}' for k, v in metrics.items()}})
         fields = ['epoch'] + sorted({k for r in self.rows for k in r} - {'epoch'})
-        tmp = self.csv_path + '.tmp'
-        with open(tmp, 'w', newline='') as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, self.csv_path)
+        _write_csv(self.csv_path, [fields] + [[r.get(k, '') for k in fields] for r in self.rows])
 
     def _histogram(self, key, counts, epoch):
         """``counts``: bucket counts over equal bins of [0, 1]."""

@@ -56,7 +56,7 @@ def step_level(device, reps, bsz):
     supcon, carrot = SupConLoss(0.1), CARROT()
 
     def step(use_carrot):
-        h_enc, h_proj = model.forward_parts(images)
+        h_enc, h_proj = model(images, parts=True)
         feats = F.normalize(h_proj, dim=1)
         loss = supcon(torch.stack(feats.split(bsz), 1), labels)
         if use_carrot:

@@ -152,9 +152,6 @@ class SupConResNet(nn.Module):
         z = self.head(h)
         return (h, z) if parts else F.normalize(z, dim=1)
 
-    def forward_parts(self, x):
-        return self.forward(x, parts=True)
-
 
 class SupCEResNet(nn.Module):
     """Encoder + linear classifier, trained with cross-entropy."""

@@ -36,12 +36,8 @@ run_one() {   # METHOD SETTING SEED: pre-train, then linear evaluation on the 10
     local script="$1"; shift
     local hyper=(--learning_rate 0.2 --temp 0.1)
     [ "$script" = main_ce.py ] && hyper=(--learning_rate 0.1)
-    "$PY" "$script" "$@" --dataset digits --label_granularity "$granularity" --epochs "$EPOCHS" \
-        --batch_size 128 "${hyper[@]}" --cosine --num_workers 0 --seed "$seed" --print_freq 1000 \
-        --save_folder "$dir/pretrain" > "$dir.pretrain.log" 2>&1
-    "$PY" main_linear.py --dataset digits --eval_labels fine --ckpt "$(find "$dir/pretrain" -name last.pth)" \
-        --epochs 5 --batch_size 128 --learning_rate 1 --cosine --num_workers 0 --seed "$seed" \
-        --print_freq 1000 --save_folder "$dir/linear" > "$dir.linear.log" 2>&1
+    LINEAR_ALWAYS=1 digits_run "$dir" "$seed" "$script" "$@" --label_granularity "$granularity" \
+        --epochs "$EPOCHS" "${hyper[@]}" > "$dir.log" 2>&1
     echo "done: $setting $method seed $seed ($(( $(date +%s) - START ))s)"
 }
 

@@ -8,12 +8,8 @@ SEED="${1:-0}"
 OUT="save/rascal_ablation/seed_${SEED}"
 rm -rf "$OUT"
 for W in agreement current uniform; do
-    "$PY" main_supcon.py --dataset digits --method RASCAL --rascal_weighting "$W" --epochs 30 \
-        --batch_size 128 --learning_rate 0.2 --temp 0.1 --cosine --num_workers 0 --seed "$SEED" \
-        --save_folder "$OUT/$W/pretrain" --print_freq 1000
-    "$PY" main_linear.py --dataset digits --ckpt "$(find "$OUT/$W/pretrain" -name last.pth)" --epochs 10 \
-        --batch_size 128 --learning_rate 1 --cosine --num_workers 0 --seed "$SEED" \
-        --save_folder "$OUT/$W/linear" --print_freq 1000
+    LINEAR_EPOCHS=10 digits_run "$OUT/$W" "$SEED" main_supcon.py --method RASCAL --rascal_weighting "$W" \
+        --epochs 30 --learning_rate 0.2 --temp 0.1
 done
 "$PY" - "$OUT" <<'PYEOF'
 import csv, glob, json, os, sys

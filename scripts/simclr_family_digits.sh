@@ -9,12 +9,8 @@ OUT="save/simclr_family_digits/seed_${SEED}"
 rm -rf "$OUT"
 for LOSS in ntxent ntlogistic margin_triplet; do
     SCALE=(--temp 0.5); [ "$LOSS" = margin_triplet ] && SCALE=(--margin 1)
-    "$PY" main_supcon.py --dataset digits --method SimCLR --simclr_loss "$LOSS" "${SCALE[@]}" --epochs 30 \
-        --batch_size 128 --learning_rate 0.2 --cosine --num_workers 0 --seed "$SEED" \
-        --save_folder "$OUT/$LOSS/pretrain" --print_freq 1000
-    "$PY" main_linear.py --dataset digits --ckpt "$(find "$OUT/$LOSS/pretrain" -name last.pth)" --epochs 10 \
-        --batch_size 128 --learning_rate 1 --cosine --num_workers 0 --seed "$SEED" \
-        --save_folder "$OUT/$LOSS/linear" --print_freq 1000
+    LINEAR_EPOCHS=10 digits_run "$OUT/$LOSS" "$SEED" main_supcon.py --method SimCLR --simclr_loss "$LOSS" \
+        "${SCALE[@]}" --epochs 30 --learning_rate 0.2
 done
 "$PY" compare.py "NT-Xent=$OUT/ntxent/linear" "NT-Logistic=$OUT/ntlogistic/linear" \
     "Marginal Triplet=$OUT/margin_triplet/linear"

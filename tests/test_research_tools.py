@@ -129,6 +129,7 @@ def test_options_for_the_tools():
 def coarse_rascal_run(tmp_path_factory):
     root = tmp_path_factory.mktemp('coarse')
     run_script('main_supcon.py', '--method', 'RASCAL', '--label_granularity', 'coarse', '--knn_every', 1,
+               '--knn_k', 50, '--knn_t', 0.2,
                '--epochs', 2, '--save_folder', root, *FAST)
     return only_run_folder(root)
 
