@@ -1,4 +1,4 @@
-"""Analysis of a trained run: per-class vMF concentration, t-SNE maps, training curves, RASCAL rank drift.
+"""Analysis of a trained run: per-class vMF concentration, t-SNE maps, effective rank, training curves, RASCAL rank drift.
 
     python analyze.py --ckpt save/SupCon/digits/<run>/last.pth
 
@@ -16,9 +16,10 @@ import os
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint
-from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels
+from checkpoint import load_checkpoint, load_encoder
+from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels, dataset_info
 from knn import extract_features
+from monitors import rankme
 from options import Parser
 from util import UserError, resolve_device, run_cli
 
@@ -115,7 +116,6 @@ def plot_kappa(kappas, path, title):
 def main(argv=None):
     import matplotlib
     matplotlib.use('Agg')
-    from main_linear import load_encoder
     p = Parser(description='Analysis of a trained run (vMF kappa, t-SNE, curves, rank drift).')
     p.add_argument('--ckpt', required=True, help='a checkpoint of main_supcon.py or main_ce.py (or SupContrast)')
     p.add_argument('--dataset', choices=DATASETS, default=None, help="default: the checkpoint's")
@@ -129,11 +129,12 @@ def main(argv=None):
     config = load_checkpoint(opt.ckpt, 'checkpoint (--ckpt)').get('config', {})
     opt.dataset = opt.dataset or config.get('dataset', 'digits')
     opt.data_folder = opt.data_folder or config.get('data_folder') or './datasets/'
-    for key, default in (('size', 16 if opt.dataset == 'digits' else 32), ('mean', None), ('std', None),
+    info = dataset_info(opt.dataset)
+    for key, default in (('size', info.size), ('mean', None), ('std', None),
                          ('imb_factor', 0.01)):
         setattr(opt, key, config.get(key, default) if config.get('dataset') == opt.dataset else default)
-    if opt.dataset == 'path' and not (opt.mean and opt.std):
-        raise UserError('--dataset path: the checkpoint has no --mean/--std to reuse')
+    if info.mean_std is None and not (opt.mean and opt.std):
+        raise UserError(f'--dataset {opt.dataset}: the checkpoint has no --mean/--std to reuse')
     opt.model, opt.num_workers, opt.amp, opt.channels_last = None, 0, 'none', False
     opt.device = resolve_device(opt.device)
     if opt.max_points < 10:
@@ -142,7 +143,7 @@ def main(argv=None):
     run = os.path.dirname(os.path.abspath(opt.ckpt))
     out = opt.out or os.path.join(run, 'analysis')
     os.makedirs(out, exist_ok=True)
-    encoder = load_encoder(opt)
+    encoder = load_encoder(opt, info.model)
     transform = build_transform(opt, 'eval')
     summary = [f'# Analysis of `{opt.ckpt}`', '', f'encoder: {opt.model}, dataset: {opt.dataset}'
                + (' (trained on coarse labels)' if coarse else ''), '']
@@ -176,6 +177,10 @@ def main(argv=None):
         colourings.insert(0, ('coarse class (trained on)', to_coarse[test_labels].tolist()))
     plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed)
     summary += ['## t-SNE of test-split encoder features', '', f'{len(keep)} points.', '', '![t-SNE](tsne.png)', '']
+    n_classes = len(set(test_labels.tolist()))
+    summary += ['## Effective rank (RankMe) of the unit test-split encoder features', '',
+                f'RankMe = {rankme(test_feats):.2f} of at most {min(test_feats.shape)} (Garrido et al. 2023). '
+                f'A relative signal: SupCon\'s optimum has rank <= C - 1 = {n_classes - 1}; compare runs.', '']
 
     metrics = os.path.join(run, 'metrics.csv')
     if os.path.exists(metrics) and read_csv(metrics) and plot_curves(read_csv(metrics), os.path.join(out, 'curves.png')):

@@ -15,7 +15,8 @@ import tempfile
 
 import torch
 
-from util import UserError
+from networks import build_encoder
+from util import UserError, prepare_model
 
 WRAPPER_PREFIXES = ('module', '_orig_mod')  # DataParallel / DDP and torch.compile
 
@@ -31,9 +32,12 @@ def save_checkpoint(path, state):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)):   # disk full, quota, I/O error (torch wraps some as RuntimeError)
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f'cannot write checkpoint {path} ({reason}); the previous one is intact') from None
         raise
 
 
@@ -73,3 +77,27 @@ def load_model_state(model, ckpt, opt, path, what='checkpoint'):
         n = str(e).count('size mismatch') + str(e).count('Missing key') + str(e).count('Unexpected key')
         raise UserError(f'{what} {path} does not match --model {opt.model} '
                         f'({n} kinds of missing, unexpected or mis-shaped weights)') from None
+
+
+def load_encoder(opt, default_model):
+    """The frozen encoder of ``opt.ckpt`` on ``opt.device``. ``--model`` (``opt.model``) defaults to the
+    checkpoint's, else to ``default_model``; a mismatch is a one-line :class:`UserError`."""
+    ckpt = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)')
+    saved = ckpt['config'].get('model')
+    if opt.model is None:
+        opt.model = saved or default_model
+    elif saved and saved != opt.model:
+        raise UserError(f'--ckpt {opt.ckpt} holds a {saved} encoder but --model is {opt.model}')
+    state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items()
+             if k.startswith('encoder.')}
+    if not state:
+        raise UserError(f'--ckpt {opt.ckpt} has no encoder weights (no "encoder." keys)')
+    encoder, _ = build_encoder(opt.model)
+    try:
+        encoder.load_state_dict(state)
+    except RuntimeError:
+        raise UserError(f'--ckpt {opt.ckpt} does not match --model {opt.model}') from None
+    encoder = prepare_model(opt, encoder).eval()
+    for p in encoder.parameters():
+        p.requires_grad_(False)
+    return encoder

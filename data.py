@@ -9,6 +9,8 @@ stratified 80/20 train/test split, upsampled to ``--size`` and made RGB.
 """
 import os
 import pickle
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 from PIL import Image
@@ -17,15 +19,6 @@ from torchvision import datasets, transforms
 
 from distributed import barrier, is_main
 from util import UserError
-
-DATASETS = ('digits', 'cifar10', 'cifar100', 'cifar10_lt', 'cifar100_lt', 'path')
-
-MEAN_STD = {
-    'cifar10': ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
-    'cifar100': ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)),
-    # pixel statistics of the 8x8 digits scaled to [0, 1]
-    'digits': ((0.305, 0.305, 0.305), (0.376, 0.376, 0.376)),
-}
 
 
 # CIFAR-100's 20 superclasses (Krizhevsky 2009), 5 fine classes each. Fine and coarse indices are
@@ -59,9 +52,6 @@ CIFAR100_COARSE = [next(c for c, name in enumerate(_COARSE) if fine in CIFAR100_
 # digits: a fixed grouping of the 10 digits into 5 coarse classes by shape (documented in the README)
 DIGITS_SUPERCLASSES = {'0-6': [0, 6], '1-7': [1, 7], '2-5': [2, 5], '3-8': [3, 8], '4-9': [4, 9]}
 DIGITS_COARSE = [next(c for c, fines in enumerate(DIGITS_SUPERCLASSES.values()) if d in fines) for d in range(10)]
-COARSE = {'cifar100': (CIFAR100_COARSE, _COARSE), 'cifar100_lt': (CIFAR100_COARSE, _COARSE),
-          'digits': (DIGITS_COARSE, list(DIGITS_SUPERCLASSES))}
-
 
 def long_tail_counts(n_max, n_classes, imb_factor):
     """LDAM's exponential profile (Cao et al. 2019): class c keeps ``int(n_max * imb_factor**(c / (C-1)))``."""
@@ -172,22 +162,34 @@ class CIFAR100(_FilesPresentMixin, datasets.CIFAR100):
     pass
 
 
-def _cifar(opt, train, transform):
-    cls = CIFAR10 if opt.dataset.replace('_lt', '') == 'cifar10' else CIFAR100
-    where = os.path.join(opt.data_folder, cls.base_folder)
-    if not is_main():
-        barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
-    present = all(os.path.isfile(os.path.join(where, name)) for name in _cifar_files(cls))
+def _cifar(cls):
+    """Loader of CIFAR-10 or CIFAR-100 files under ``--data_folder`` (downloaded when missing and online)."""
+    def load(opt, train, transform):
+        where = os.path.join(opt.data_folder, cls.base_folder)
+        if not is_main():
+            barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
+        present = all(os.path.isfile(os.path.join(where, name)) for name in _cifar_files(cls))
+        try:
+            dataset = cls(opt.data_folder, train=train, transform=transform, download=not present)
+            if is_main():
+                barrier()
+            return dataset
+        except Exception as e:  # offline, unreadable or corrupt files
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(f'{opt.dataset} not found or unreadable in {where} ({reason}); put the '
+                            f'python-version files ({", ".join(_cifar_files(cls))}) there '
+                            f'or point --data_folder at their parent') from None
+    return load
+
+
+def load_image(path):
+    """ImageFolder's loader (RGB PIL image) with a one-line error for a file that is not a readable image."""
     try:
-        dataset = cls(opt.data_folder, train=train, transform=transform, download=not present)
-        if is_main():
-            barrier()
-        return dataset
-    except Exception as e:  # offline, unreadable or corrupt files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f'{opt.dataset} not found or unreadable in {where} ({reason}); put the '
-                        f'python-version files ({", ".join(_cifar_files(cls))}) there '
-                        f'or point --data_folder at their parent') from None
+        with open(path, 'rb') as f:
+            return Image.open(f).convert('RGB')
+    except (OSError, ValueError) as e:     # PIL's UnidentifiedImageError is an OSError
+        raise UserError(f'cannot read image {path} ({type(e).__name__}); remove or replace that file '
+                        f'(every file under the train/ and val/ class folders must be a readable image)') from None
 
 
 def _image_folder(opt, split, transform):
@@ -196,44 +198,96 @@ def _image_folder(opt, split, transform):
         raise UserError(f'--dataset path expects ImageFolder sub-folders train/ and val/ in '
                         f'{opt.data_folder}; {folder} is missing')
     try:
-        return datasets.ImageFolder(folder, transform=transform)
+        return datasets.ImageFolder(folder, transform=transform, loader=load_image)
     except (FileNotFoundError, OSError) as e:
         raise UserError(f'cannot read images in {folder}: {str(e).splitlines()[0]}') from None
+
+
+def _digits(opt, train, transform):
+    return Digits(train=train, size=opt.size, transform=transform)
+
+
+def _path(opt, train, transform):
+    ds = _image_folder(opt, 'train' if train else 'val', transform)
+    if not train:
+        ref = _image_folder(opt, 'train', None)
+        if ds.classes != ref.classes:
+            raise UserError(f'train/ and val/ in {opt.data_folder} have different class folders')
+    return ds
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One row of the dataset table: everything the scripts need to know about a ``--dataset``.
+
+    ``load(opt, train, transform)`` returns the full (balanced) split; ``mean_std`` is the default
+    normalization (``None``: ``--mean``/``--std`` are required); ``size`` and ``model`` are the
+    defaults of ``--size`` and ``--model``; ``coarse`` is ``(fine -> coarse index list, coarse
+    names)`` or ``None``; ``long_tail``: the training split is LDAM's long-tailed subset
+    (``--imb_factor``); ``augment``: ``'natural'`` (crop + flip) or ``'digits'`` (no flips,
+    milder crops); ``resize_eval``: resize + centre-crop test images to ``--size``;
+    ``needs_folder``: ``--data_folder`` must be given."""
+    load: Callable
+    mean_std: Optional[tuple] = None
+    size: int = 32
+    model: str = 'resnet50'
+    coarse: Optional[tuple] = None
+    long_tail: bool = False
+    augment: str = 'natural'
+    resize_eval: bool = False
+    needs_folder: bool = False
+
+
+# pixel statistics of the 8x8 digits scaled to [0, 1]
+_DIGITS_MEAN_STD = ((0.305, 0.305, 0.305), (0.376, 0.376, 0.376))
+_CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
+_CIFAR100_MEAN_STD = ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761))
+_CIFAR100_COARSE = (CIFAR100_COARSE, _COARSE)
+
+DATASETS = {
+    'digits': DatasetInfo(_digits, _DIGITS_MEAN_STD, size=16, model='resnet_tiny',
+                          coarse=(DIGITS_COARSE, list(DIGITS_SUPERCLASSES)), augment='digits'),
+    'cifar10': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD),
+    'cifar100': DatasetInfo(_cifar(CIFAR100), _CIFAR100_MEAN_STD, coarse=_CIFAR100_COARSE),
+    'cifar10_lt': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD, long_tail=True),
+    'cifar100_lt': DatasetInfo(_cifar(CIFAR100), _CIFAR100_MEAN_STD, coarse=_CIFAR100_COARSE, long_tail=True),
+    'path': DatasetInfo(_path, None, resize_eval=True, needs_folder=True),
+}
+
+
+def dataset_info(name):
+    """The table row of ``--dataset name``."""
+    if name not in DATASETS:
+        raise UserError(f'unknown dataset {name!r}; choose from {", ".join(DATASETS)}')
+    return DATASETS[name]
+
+
+def coarse_labels(dataset):
+    """(fine -> coarse index list, coarse class names) of ``dataset``; a :class:`UserError` if it has none."""
+    coarse = dataset_info(dataset).coarse
+    if coarse is None:
+        have = ', '.join(name for name, info in DATASETS.items() if info.coarse)
+        raise UserError(f'coarse labels are defined for {have}, not --dataset {dataset}')
+    return coarse
 
 
 def build_dataset(opt, train, transform, granularity=None):
     """The train or test split of ``opt.dataset`` with ``transform``: long-tailed for ``*_lt``
     training sets (balanced test sets), with coarse labels for ``granularity='coarse'`` (default:
     ``--label_granularity``)."""
-    granularity = granularity or getattr(opt, 'label_granularity', 'fine')
+    info = dataset_info(opt.dataset)
+    granularity = granularity or opt.label_granularity
     mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
-    base = _base_dataset(opt, train, transform)
-    indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if opt.dataset.endswith('_lt') and train else None
+    base = info.load(opt, train, transform)
+    indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if info.long_tail and train else None
     if indices is None and mapping is None:
         return base
     return Relabeled(base, indices, mapping, classes)
 
 
-def coarse_labels(dataset):
-    """(fine -> coarse index list, coarse class names) of ``dataset``; a :class:`UserError` if it has none."""
-    if dataset not in COARSE:
-        raise UserError(f'coarse labels are defined for {", ".join(COARSE)}, not --dataset {dataset}')
-    return COARSE[dataset]
-
-
-def _base_dataset(opt, train, transform):
-    if opt.dataset == 'digits':
-        return Digits(train=train, size=opt.size, transform=transform)
-    if opt.dataset.startswith('cifar'):
-        return _cifar(opt, train, transform)
-    if opt.dataset == 'path':
-        ds = _image_folder(opt, 'train' if train else 'val', transform)
-        if not train:
-            ref = _image_folder(opt, 'train', None)
-            if ds.classes != ref.classes:
-                raise UserError(f'train/ and val/ in {opt.data_folder} have different class folders')
-        return ds
-    raise UserError(f'unknown dataset {opt.dataset!r}; choose from {", ".join(DATASETS)}')
+def long_tail_class_counts(opt, dataset):
+    """Training samples per class for the many/medium/few-shot groups of long-tailed datasets, else ``None``."""
+    return class_counts(dataset) if dataset_info(opt.dataset).long_tail else None
 
 
 def num_classes(dataset):
@@ -243,8 +297,8 @@ def num_classes(dataset):
 
 
 def mean_std(opt):
-    mean, std = MEAN_STD.get(opt.dataset.replace('_lt', ''), (None, None))
-    return opt.mean or mean, opt.std or std
+    default = dataset_info(opt.dataset).mean_std or (None, None)
+    return opt.mean or default[0], opt.std or default[1]
 
 
 def build_transform(opt, kind):
@@ -252,12 +306,11 @@ def build_transform(opt, kind):
     for CE and linear), ``'eval'`` (none). Digits get no flips and milder crops."""
     mean, std = mean_std(opt)
     normalize = transforms.Normalize(mean=mean, std=std)
-    digits = opt.dataset == 'digits'
+    info = dataset_info(opt.dataset)
     if kind == 'eval':
-        steps = [] if digits or opt.dataset.startswith('cifar') else [transforms.Resize(opt.size),
-                                                                     transforms.CenterCrop(opt.size)]
+        steps = [transforms.Resize(opt.size), transforms.CenterCrop(opt.size)] if info.resize_eval else []
         return transforms.Compose(steps + [transforms.ToTensor(), normalize])
-    if digits:
+    if info.augment == 'digits':
         steps = [transforms.RandomResizedCrop(opt.size, scale=(0.5, 1.0), ratio=(0.8, 1.25)),
                  transforms.RandomRotation(10)]
     else:
@@ -273,10 +326,10 @@ def build_loader(opt, dataset, train):
     """Training loaders are split over torchrun processes (DistributedSampler, ``--batch_size / W``
     per process); evaluation loaders are not: every process evaluates the whole split."""
     sampler = None
-    if train and getattr(opt, 'world_size', 1) > 1:
+    if train and opt.world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=opt.world_size, rank=opt.rank, shuffle=True,
                                      seed=opt.seed, drop_last=False)
-    return DataLoader(dataset, batch_size=getattr(opt, 'local_batch_size', opt.batch_size) if train else opt.batch_size,
+    return DataLoader(dataset, batch_size=opt.local_batch_size if train else opt.batch_size,
                       shuffle=train and sampler is None, sampler=sampler, num_workers=opt.num_workers,
                       pin_memory=opt.device.type == 'cuda', drop_last=False)
 

@@ -72,17 +72,12 @@ def init_distributed(opt):
         sys.stdout = open(os.devnull, 'w')
 
 
-def cleanup():
-    if is_distributed():
-        dist.destroy_process_group()
-
-
 def wrap_model(opt, model):
     """DistributedDataParallel around ``model`` (with SyncBatchNorm for ``--syncBN``); ``model``
     itself in one process. Keep the unwrapped module for evaluation and checkpoints."""
     if not is_distributed():
         return model
-    if getattr(opt, 'syncBN', False):
+    if opt.syncBN:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ids = [opt.device.index] if opt.device.type == 'cuda' else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)

@@ -1,49 +1,70 @@
-"""The training skeleton the three scripts share: model set-up, the per-iteration
-loop (warm-up, autocast, scaler, meters, progress bar) and the epoch loop
+"""The training skeleton the three scripts share: the run's set-up (device, torchrun, seed),
+the per-iteration loop (warm-up, autocast, scaler, meters, progress bar) and the epoch loop
 (schedule, evaluation, logging, checkpoints, ``--resume``)."""
 import json
 import math
 import os
+import tempfile
 import time
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from losses_carrot import grad_balanced_total_loss
-from distributed import (all_gather_object, all_reduce_sum, barrier, gather, gather_with_grad, is_main, rank,
-                         world_size)
 from checkpoint import load_checkpoint, load_model_state, save_checkpoint
-from options import config_dict
-from util import (AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast,
-                  get_rng_state, set_rng_state, to_device, warmup_learning_rate)
+from monitors import CollapseWatch
+from distributed import all_gather_object, all_reduce_sum, barrier, init_distributed, is_main, rank, world_size
+from options import config_dict, resume_conflicts
+from util import (RUN, AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast, get_rng_state, progress,
+                  resolve_device, set_rng_state, set_seed, to_device, warmup_learning_rate)
 
 
-def prepare_model(opt, model):
-    """Move to the device (channels-last if asked); cudnn autotuning on CUDA."""
-    model = model.to(opt.device)
-    if opt.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if opt.device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True
-    return model
+def setup(opt, run_folder=True):
+    """Set the run up after ``parse_option``, before any data is loaded: with ``--resume`` check that
+    the checkpoint is this script's and defines the same experiment; create the run folder and check that
+    it can be written (``run_folder=False``: skip both, for tests); resolve ``--device``; under torchrun
+    join the process group (this rank's device, the local batch, other ranks' stdout silenced); seed
+    this process (``seed + rank``: each process augments differently, DDP syncs the weights)."""
+    opt.device = resolve_device(opt.device)
+    if run_folder:
+        check_resume(opt)
+    init_distributed(opt)
+    if run_folder:
+        prepare_run_folder(opt)
+    set_seed(opt.seed + opt.rank)
+    return opt
 
 
-def carrot_term(opt, carrot, base, h, labels, params=()):
-    """``base + alpha * CARROT(h, labels)`` (alpha gradient-balanced unless ``--carrot_weight``) and
-    the step's statistics. ``params``: parameters between ``h`` and ``base`` (head, classifier)."""
-    # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
-    reg, stats = carrot(gather_with_grad(h), gather(labels))
-    total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=opt.carrot_weight,
-                                            alpha_max=opt.carrot_alpha_max, reduce_sum=all_reduce_sum)
-    return total, {**{f'carrot/{k}': v for k, v in stats.items()}, 'carrot/alpha': alpha}
+def check_resume(opt):
+    """With ``--resume``: the checkpoint was written by this script and its experiment-defining flags
+    equal this command line's (one :class:`UserError` naming every difference)."""
+    if not opt.resume:
+        return
+    config = load_checkpoint(opt.resume, 'checkpoint for --resume')['config']
+    script = config.get('script')
+    if script and script != opt.script:
+        raise UserError(f'{opt.resume} was written by main_{script}.py, not main_{opt.script}.py')
+    conflicts = resume_conflicts(config, opt)
+    if conflicts:
+        raise UserError(f'{opt.resume} is another experiment; resume it with its own flags ({"; ".join(conflicts)}), '
+                        f'or start a new run without --resume')
 
 
-def progress(iterable, desc, total=None):
-    """A tqdm bar on a terminal; plain (periodic) lines otherwise."""
-    return tqdm(iterable, desc=desc, total=total, disable=None if is_main() else True, leave=False,
-                dynamic_ncols=True)
+def prepare_run_folder(opt):
+    """Create ``opt.run_folder`` and check that files can be written there; refuse to start a new run
+    over a folder that already holds one. Interrupts then say how to continue (``util.RUN``)."""
+    folder = opt.run_folder
+    if not opt.resume and os.path.isfile(os.path.join(folder, 'last.pth')):
+        raise UserError(f'{folder} already holds a run (last.pth): continue it with --resume '
+                        f'{os.path.join(folder, "last.pth")}, or start another with a new --trial or --save_folder')
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UserError(f'cannot write to the run folder {folder} ({e.strerror or type(e).__name__}); '
+                        f'choose another --save_folder') from None
+    RUN['folder'] = folder
 
 
 def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
@@ -88,7 +109,7 @@ SHOT_GROUPS = {'many': (101, None), 'medium': (20, 100), 'few': (0, 19)}   # tra
 
 @torch.no_grad()
 def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
-    """Over ``loader``: cross-entropy (= NLL) loss, top-1 accuracy, the expected calibration error
+    """Over ``loader``: the cross-entropy loss (``<prefix>/nll``), top-1 accuracy, the expected calibration error
     (15 equal-width confidence bins, torchmetrics) of ``predict(images) -> logits``, and the
     per-class accuracy (a list under ``<prefix>/per_class_acc``). With ``class_counts`` (training
     samples per class) also many-shot (> 100), medium-shot (20-100) and few-shot (< 20) accuracy:
@@ -109,8 +130,7 @@ def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
         ece.update(logits.softmax(1), labels)
     (loss_sum, correct), (hits, seen) = totals.tolist(), per_class.tolist()
     count = sum(seen)
-    out = {f'{prefix}/loss': loss_sum / count, f'{prefix}/acc': 100.0 * correct / count,
-           f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': float(ece.compute()),
+    out = {f'{prefix}/acc': 100.0 * correct / count, f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': float(ece.compute()),
            f'{prefix}/per_class_acc': [100.0 * h / n if n else float('nan') for h, n in zip(hits, seen)]}
     for group, (lo, hi) in (SHOT_GROUPS.items() if class_counts is not None else ()):
         members = [c for c, n in enumerate(class_counts) if n >= lo and (hi is None or n <= hi)]
@@ -135,11 +155,9 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
     """
     extra = extra or {}
     start, best = 1, None
+    watch = CollapseWatch()
     if opt.resume:
-        ckpt = load_checkpoint(opt.resume, 'checkpoint for --resume')
-        script = ckpt['config'].get('script')
-        if script and script != opt.script:
-            raise UserError(f'{opt.resume} was written by main_{script}.py, not main_{opt.script}.py')
+        ckpt = load_checkpoint(opt.resume, 'checkpoint for --resume')    # checked by setup (check_resume)
         load_model_state(model, ckpt, opt, opt.resume)
         try:
             optimizer.load_state_dict(ckpt['optimizer'])
@@ -148,6 +166,8 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
             ranks = ckpt.get('rng_ranks')
             set_rng_state(ranks[rank()] if ranks and len(ranks) == world_size() else ckpt['rng'])
             start, best = ckpt['epoch'] + 1, ckpt.get('best')
+            if 'collapse_watch' in ckpt:
+                watch.load_state_dict(ckpt['collapse_watch'])
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise UserError(f'{opt.resume} cannot be resumed: {str(e).splitlines()[0][:200]}') from None
         print(f'resumed from {opt.resume} at epoch {start - 1}')
@@ -162,15 +182,20 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
         if select is not None and (best is None or metrics[select] > best[select]):
             best = {**{k: v for k, v in metrics.items() if not k.startswith('hist/')}, 'epoch': epoch}
         rng = all_gather_object(get_rng_state())     # every process's, for an exact --resume
+        warning = watch.check(epoch, metrics)        # the same on every process (metrics are global means)
         if logger is None:
             continue
+        if warning:
+            print(warning, flush=True)
+            logger.note(epoch, warning)
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not k.startswith('hist/')}
         logger.log(epoch, scalars, {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
         shown = ', '.join(f'{k} {v:.4g}' for k, v in scalars.items() if not k.endswith('epoch_time'))
         print(f'epoch {epoch}/{opt.epochs} ({metrics["train/epoch_time"]:.1f}s): {shown}', flush=True)
         state = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch,
                  'config': config_dict(opt), 'rng': rng[0], 'best': best,
-                 'extra': {name: obj.state_dict() for name, obj in extra.items()}}
+                 'extra': {name: obj.state_dict() for name, obj in extra.items()},
+                 'collapse_watch': watch.state_dict()}
         if len(rng) > 1:
             state['rng_ranks'] = rng
         save_checkpoint(os.path.join(opt.run_folder, 'last.pth'), state)
@@ -188,7 +213,7 @@ def write_results(opt, last, best, select, **extra):
     if not is_main():
         return
     results = {f'final_{k.replace("/", "_")}': v for k, v in last.items()
-               if k.startswith('test/') and k != 'test/loss'}
+               if k.startswith('test/')}
     results.update(best_epoch=best['epoch'], best_epoch_test_acc=best['test/acc'], selected_by=select,
                    config=config_dict(opt), **extra)
     if select != 'test/acc':

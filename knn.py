@@ -7,8 +7,9 @@ with weight ``exp(sim / t)``, and the class with the largest total wins.
 import torch
 import torch.nn.functional as F
 
-from engine import progress
-from util import autocast, to_device
+from data import build_dataset, build_loader, build_transform, coarse_labels, num_classes
+from monitors import rankme
+from util import autocast, progress, to_device
 
 
 @torch.no_grad()
@@ -41,9 +42,32 @@ def knn_predict(train_feats, train_labels, test_feats, num_classes, k=200, t=0.1
     return torch.cat(preds)
 
 
-def knn_accuracy(opt, encoder, train_loader, test_loader, num_classes, k=200, t=0.1):
-    """Top-1 (%) of the weighted kNN classifier on ``test_loader``'s features."""
-    train_feats, train_labels = extract_features(opt, encoder, train_loader)
-    test_feats, test_labels = extract_features(opt, encoder, test_loader)
-    pred = knn_predict(train_feats, train_labels, test_feats, num_classes, k, t)
-    return 100.0 * (pred == test_labels).float().mean().item()
+def knn_monitor(opt, model):
+    """``evaluate_epoch`` for ``main_supcon.py --knn_every N``: weighted kNN top-1 of ``model.encoder``'s
+    features on the test split, every N epochs and at the last (``knn/acc``; with coarse training also
+    ``knn/acc_fine``), and the effective rank of the unit test features (``collapse/rankme_test``,
+    :func:`monitors.rankme`). Features are extracted once per evaluation; coarse labels are the fine ones mapped."""
+    transform = build_transform(opt, 'eval')
+    memory = build_loader(opt, build_dataset(opt, True, transform, 'fine'), train=False)
+    test = build_loader(opt, build_dataset(opt, False, transform, 'fine'), train=False)
+    n_fine = num_classes(memory.dataset)
+    # metric -> (fine label -> training label, number of classes)
+    label_maps = {'knn/acc': (torch.arange(n_fine, device=opt.device), n_fine)}
+    if opt.label_granularity == 'coarse':
+        mapping, classes = coarse_labels(opt.dataset)
+        label_maps = {'knn/acc': (torch.as_tensor(mapping, device=opt.device), len(classes)),
+                      'knn/acc_fine': label_maps['knn/acc']}
+
+    def evaluate_epoch(epoch):
+        if epoch % opt.knn_every and epoch != opt.epochs:
+            return {}
+        model.eval()
+        bank, bank_y = extract_features(opt, model.encoder, memory)
+        feats, y = extract_features(opt, model.encoder, test)
+        out = {}
+        for key, (to, n_cls) in label_maps.items():
+            pred = knn_predict(bank, to[bank_y], feats, n_cls, opt.knn_k, opt.knn_t)
+            out[key] = 100.0 * (pred == to[y]).float().mean().item()
+        out['collapse/rankme_test'] = rankme(feats)      # effective rank of the unit test features
+        return out
+    return evaluate_epoch

@@ -1,14 +1,30 @@
-"""Supervised Contrastive Learning loss (Khosla et al., NeurIPS 2020).
+"""Supervised Contrastive Learning loss (Khosla et al., NeurIPS 2020) and SimCLR's loss family.
 
 Re-implements SupContrast's ``SupConLoss`` with the same semantics, plus two
 fixes: it is device-agnostic (no hard-coded ``cuda``) and it is finite for every
 input (an anchor with nothing to contrast against contributes 0).
+
+Every loss of this project derives from :class:`Loss`: it returns a scalar and reports its
+statistics in ``last_stats`` (and histogram counts in ``last_hists``), never through its return value.
 """
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+class Loss(nn.Module):
+    """Base of the project's losses: one way to report statistics.
+
+    ``last_stats``: ``{name: 0-d tensor}`` of the last call (the training loop reads all of a step's
+    statistics back in one host sync); ``last_hists``: ``{name: bucket counts over equal bins of
+    [0, 1]}``. Both are empty for losses without statistics.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.last_stats, self.last_hists = {}, {}
 
 
 def flatten_views(features):
@@ -40,6 +56,14 @@ def class_blocks(labels):
     members = torch.full((counts.shape[0], int(counts.max())), -1, dtype=torch.long, device=labels.device)
     members[class_of, slot] = order
     return members.clamp(min=0), members >= 0, counts
+
+
+def block_pairs(present):
+    """``[C, K, K]`` bool: ``(i, j)`` are two different, non-padding rows of one class block, i.e. a
+    positive pair (``present`` from :func:`class_blocks`)."""
+    k = present.shape[1]
+    not_self = ~torch.eye(k, dtype=torch.bool, device=present.device)
+    return present[:, :, None] & present[:, None, :] & not_self
 
 
 def upcast(x):
@@ -76,24 +100,7 @@ def pair_masks(features, labels=None, mask=None):
     return upcast(rows), same & not_self, ~same & not_self
 
 
-def masked_log_softmax(logits, valid):
-    """Row-wise log-softmax of ``logits`` over the entries where ``valid`` is True.
-
-    Stabilized by the detached max over the valid entries. Rows without a valid
-    entry give 0 everywhere (finite values and gradients); invalid entries are 0.
-    """
-    neg_inf = torch.finfo(logits.dtype).min
-    masked = logits.masked_fill(~valid, neg_inf)
-    row_max = masked.max(dim=1, keepdim=True).values.detach()
-    has_any = valid.any(dim=1, keepdim=True)
-    row_max = torch.where(has_any, row_max, torch.zeros_like(row_max))
-    shifted = logits - row_max
-    denom = torch.exp(shifted.masked_fill(~valid, -math.inf)).sum(dim=1, keepdim=True)
-    log_denom = torch.log(torch.where(has_any, denom, torch.ones_like(denom)))
-    return torch.where(valid, shifted - log_denom, torch.zeros_like(shifted))
-
-
-class SupConLoss(nn.Module):
+class SupConLoss(Loss):
     """Supervised contrastive loss L_out (Khosla et al. 2020, eq. 2); SimCLR's NT-Xent without labels.
 
     For anchor rows ``i`` and contrast rows ``a`` (all rows but ``i`` itself)::
@@ -116,6 +123,10 @@ class SupConLoss(nn.Module):
         labels: ``[B]`` integer classes, or mask: ``[B, B]`` with ``mask[i, j] = 1``
         when sample ``j`` is a positive of sample ``i``. Not both.
         Output: scalar. Computed in float32 (float64 for float64 input) even under autocast.
+
+    Cost: the positive term needs only per-class (per-sample, for SimCLR) sums of the feature rows,
+    ``sum_{p in P(i)} z_i.z_p = z_i.(sum_{p in P(i)} z_p)``, so the only ``M x M`` work is the logits and
+    one logsumexp; no ``[M, M]`` masks are built (``python benchmarks/supcon_speed.py``).
     """
 
     def __init__(self, temperature=0.07, contrast_mode='all', base_temperature=0.07):
@@ -131,29 +142,57 @@ class SupConLoss(nn.Module):
 
     def forward(self, features, labels=None, mask=None):
         contrast, bsz, n_views = flatten_views(features)
-        device = features.device
-        mask = sample_positives(bsz, device, labels, mask).to(dtype=upcast(contrast).dtype)
-
-        with torch.autocast(device_type=device.type, enabled=False):
+        if labels is not None and mask is not None:
+            raise ValueError('Cannot define both `labels` and `mask`')
+        with torch.autocast(device_type=features.device.type, enabled=False):
             contrast = upcast(contrast)
-            if self.contrast_mode == 'one':
-                anchor, n_anchor = contrast[:bsz], 1
-            else:
-                anchor, n_anchor = contrast, n_views
+            n_rows = contrast.shape[0]
+            anchor = contrast[:bsz] if self.contrast_mode == 'one' else contrast
+            if n_rows == 1:                                   # nothing to contrast with: 0
+                return (contrast * 0).sum()
+            # the only M x M work: the logits and one logsumexp over each row's non-self entries
             logits = anchor @ contrast.T / self.temperature
-            n_rows = logits.shape[0]
-            not_self = torch.ones_like(logits, dtype=torch.bool)
-            not_self[torch.arange(n_rows, device=device), torch.arange(n_rows, device=device)] = False
-            pos = mask.repeat(n_anchor, n_views) * not_self
-            log_prob = masked_log_softmax(logits, not_self)
-            n_pos = pos.sum(1)
+            logits.diagonal().fill_(-math.inf)               # anchor i is row i: not in its own denominator
+            log_denom = torch.logsumexp(logits, dim=1)
+            # positives: sum_{p in P(i)} w_ip z_i.z_p = z_i.(sum_p w_ip z_p), from per-sample / per-class sums
+            sample_sum = contrast.reshape(n_views, bsz, -1).sum(0)                    # [B, D]
+            pos_sum, weight_sum, self_weight = positive_sums(sample_sum, labels, mask)
+            b = torch.arange(anchor.shape[0], device=contrast.device) % bsz          # each anchor's sample
+            pos_dot = (anchor * pos_sum[b]).sum(1) - self_weight[b] * (anchor * anchor).sum(1)
+            n_pos = n_views * weight_sum[b] - self_weight[b]                          # the anchor is not its own positive
             n_pos = torch.where(n_pos < 1e-6, torch.ones_like(n_pos), n_pos)
-            mean_log_prob_pos = (pos * log_prob).sum(1) / n_pos
+            mean_log_prob_pos = (pos_dot / self.temperature - n_pos * log_denom) / n_pos
+            has_pos = (n_views * weight_sum[b] - self_weight[b]) >= 1e-6
+            mean_log_prob_pos = torch.where(has_pos, mean_log_prob_pos, torch.zeros_like(mean_log_prob_pos))
             loss = -(self.temperature / self.base_temperature) * mean_log_prob_pos
         return loss.mean()
 
 
-class NTLogisticLoss(nn.Module):
+def positive_sums(sample_sum, labels=None, mask=None):
+    """Per sample ``b``: ``(sum_j w_bj s_j [B, D], sum_j w_bj [B], w_bb [B])`` with ``s_j`` the sum of sample
+    ``j``'s view rows (``sample_sum``) and ``w`` the positive weights of :func:`sample_positives`.
+
+    With ``labels`` the sums are per class (``O(B D)``: no ``[B, B]`` matrix); with neither labels nor
+    mask (SimCLR) a sample is its own only positive; a ``mask`` is used as given (``[B, B] @ [B, D]``).
+    """
+    bsz = sample_sum.shape[0]
+    if labels is not None:
+        labels = labels.reshape(-1)
+        if labels.shape[0] != bsz:
+            raise ValueError('Num of labels does not match num of features')
+        classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+        class_sum = sample_sum.new_zeros(classes.shape[0], sample_sum.shape[1]).index_add(0, inverse, sample_sum)
+        return class_sum[inverse], counts[inverse].to(sample_sum.dtype), sample_sum.new_ones(bsz)
+    if mask is None:
+        ones = sample_sum.new_ones(bsz)
+        return sample_sum, ones, ones
+    if mask.shape != (bsz, bsz):
+        raise ValueError(f'`mask` must be [{bsz}, {bsz}], got {list(mask.shape)}')
+    mask = mask.to(device=sample_sum.device, dtype=sample_sum.dtype)
+    return mask @ sample_sum, mask.sum(1), mask.diagonal()
+
+
+class NTLogisticLoss(Loss):
     """NT-Logistic loss (Chen et al., SimCLR 2020, Table 2), with positives and negatives balanced.
 
     Each pair is a logistic-regression example with logit ``s_ij / tau`` (``s_ij = z_i . z_j``)::
@@ -165,7 +204,7 @@ class NTLogisticLoss(nn.Module):
     a mask, also the same-class samples' views); ``N(i)``: every other row but ``i``. Averaging
     each side separately gives positives and negatives equal total weight: with one positive
     against 2(N-1) negatives the plain sum over all pairs trains badly (background document
-    ``seeds/002``, whose corrected loss is exactly this one for V = 2). A side that is empty for
+    README, "The SimCLR loss family"; its corrected loss is exactly this one for V = 2). A side that is empty for
     an anchor (no positive, or no negative) contributes 0.
 
     Args:
@@ -191,7 +230,7 @@ class NTLogisticLoss(nn.Module):
             return -(pos_term + neg_term).mean()
 
 
-class MarginalTripletLoss(nn.Module):
+class MarginalTripletLoss(Loss):
     """Marginal triplet loss (Chen et al., SimCLR 2020, Table 2), every positive against every negative.
 
     With ``s_ij = z_i . z_j`` (no temperature)::
@@ -200,7 +239,7 @@ class MarginalTripletLoss(nn.Module):
         L       = mean_i 1/|P(i)| sum_{p in P(i)} l(i, p)
 
     ``P(i)``, ``N(i)`` as in ``NTLogisticLoss``. For V = 2 without labels this is the background
-    document's (``seeds/002``) loss: each anchor's one positive is reused against its 2(N-1)
+    document's loss (README, "The SimCLR loss family"): each anchor's one positive is reused against its 2(N-1)
     negatives. An anchor without a positive or without a negative contributes 0.
 
     The inner sums are not built as an ``[M, M, M]`` tensor: per anchor the negatives'

@@ -1,9 +1,8 @@
-"""CARROT: the same-class similarity corridor regularizer (``../shared/spec/CARROT.md``)."""
+"""CARROT: the same-class similarity corridor regularizer (definition: ``docs/CARROT.md``)."""
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from losses import class_blocks
+from losses import Loss, block_pairs, class_blocks
 
 STAT_NAMES = ('L', 'U', 'num_pos', 'num_neg', 'pos_mean', 'pos_max', 'frac_pos_above_U', 'frac_pos_below_L',
               'reg')
@@ -47,14 +46,8 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096):
     return torch.stack([found[a] + (found[b] - found[a]) * frac for a, b, frac in plans])
 
 
-def carrot_rows(features, labels):
-    """``[B, V, D]`` -> (``[V*B, D]`` view-major rows as SupConLoss orders them, labels repeated to match)."""
-    n_views = features.shape[1]
-    return torch.cat(torch.unbind(features, dim=1), dim=0), labels.reshape(-1).repeat(n_views)
-
-
-class CARROT(nn.Module):
-    """Same-class corridor regularizer ``R(h, y)`` (spec: CARROT.md).
+class CARROT(Loss):
+    """Same-class corridor regularizer ``R(h, y)`` (``docs/CARROT.md``, "The regularizer").
 
     ``z = normalize(h)``, ``S = clamp(z z^T, -1, 1)`` in float32 (also under autocast); the full ``S``
     is used without gradient for the walls, positives are computed per class block. Walls from the
@@ -67,8 +60,8 @@ class CARROT(nn.Module):
     ``R = 0`` (with zero gradient) when the batch has no positive or no negative pair.
 
     Shapes: ``h`` ``[n, D]`` (any float dtype; flatten ``[B, V, D]`` yourself and repeat ``y`` in the
-    same order), ``y`` ``[n]``. Returns ``(reg, stats)``: a float32 scalar and a dict of 0-d tensors
-    (``STAT_NAMES``; no host sync).
+    same order), ``y`` ``[n]``. Returns ``reg``, a float32 scalar; ``last_stats`` holds the statistics
+    (``STAT_NAMES``) as 0-d tensors (no host sync).
     """
 
     def __init__(self, q_hi=0.9, q_lo=0.1):
@@ -92,9 +85,10 @@ class CARROT(nn.Module):
             zero = z.new_zeros(())
             if num_pos == 0 or num_neg == 0:
                 reg = (z * 0).sum()
-                stats = dict(L=zero, U=zero, num_pos=zero + num_pos, num_neg=zero + num_neg, pos_mean=zero,
-                             pos_max=zero, frac_pos_above_U=zero, frac_pos_below_L=zero, reg=zero)
-                return reg, stats
+                self.last_stats = dict(L=zero, U=zero, num_pos=zero + num_pos, num_neg=zero + num_neg,
+                                       pos_mean=zero, pos_max=zero, frac_pos_above_U=zero, frac_pos_below_L=zero,
+                                       reg=zero)
+                return reg
             with torch.no_grad():   # the walls: quantiles of all negative similarities, no gradient
                 sims = (z @ z.T).clamp_(-1, 1)
                 q_hi, q_lo = pair_quantiles(sims, y[:, None] != y[None, :], (self.q_hi, self.q_lo),
@@ -104,19 +98,18 @@ class CARROT(nn.Module):
             # positives live in same-class blocks: S_blk = z_blk z_blk^T, [C, K, K]
             zb = z[rows]
             s_blk = (zb @ zb.transpose(1, 2)).clamp(-1, 1)
-            k = rows.shape[1]
-            pair = present[:, :, None] & present[:, None, :] & ~torch.eye(k, dtype=torch.bool, device=z.device)
+            pair = block_pairs(present)
             # L < U, so at most one wall is crossed: relu(L - s)^2 + relu(s - U)^2 = (relu(L - s) + relu(s - U))^2
             outside = torch.where(pair, F.relu(lower - s_blk) + F.relu(s_blk - upper), zero)
             reg = outside.square().sum() / num_pos
             with torch.no_grad():
                 sd = s_blk.detach()
-                stats = dict(L=lower, U=upper, num_pos=zero + num_pos, num_neg=zero + num_neg,
-                             pos_mean=torch.where(pair, sd, zero).sum() / num_pos,
-                             pos_max=sd.masked_fill(~pair, -2.0).max(),
-                             frac_pos_above_U=((sd > upper) & pair).sum() / num_pos,
-                             frac_pos_below_L=((sd < lower) & pair).sum() / num_pos, reg=reg.detach())
-        return reg, stats
+                self.last_stats = dict(L=lower, U=upper, num_pos=zero + num_pos, num_neg=zero + num_neg,
+                                       pos_mean=torch.where(pair, sd, zero).sum() / num_pos,
+                                       pos_max=sd.masked_fill(~pair, -2.0).max(),
+                                       frac_pos_above_U=((sd > upper) & pair).sum() / num_pos,
+                                       frac_pos_below_L=((sd < lower) & pair).sum() / num_pos, reg=reg.detach())
+        return reg
 
 
 class _InjectGrad(torch.autograd.Function):
@@ -132,12 +125,14 @@ class _InjectGrad(torch.autograd.Function):
         return (None, None, *[grad_out * g if g is not None else None for g in ctx.grads])
 
 
-def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=None, reduce_sum=None):
-    """``total = loss_base + alpha * reg`` with ``alpha = ||d base/d h|| / (||d reg/d h|| + 1e-12)``.
+def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=1.0, reduce_sum=None):
+    """``total = loss_base + alpha * reg`` with ``alpha = min(alpha_max, ||d base/d h|| / (||d reg/d h|| + 1e-12))``
+    (``docs/CARROT.md``, "The weight alpha").
 
     ``h`` is the one tensor both terms depend on (e.g. the encoder output). ``alpha`` is detached;
-    ``0`` when ``reg`` has no gradient (every positive inside the corridor). ``weight`` fixes alpha
-    instead of balancing; ``alpha_max`` caps it.
+    ``0`` when ``reg`` has no gradient (every positive inside the corridor). ``alpha_max`` caps the
+    balanced ratio (default 1: ``reg`` is never amplified above its own strength; ``None`` or ``inf``:
+    no cap). ``weight`` fixes alpha instead of balancing (no cap applies to it).
 
     The two gradients w.r.t. ``h`` are computed once and reused: ``total.backward()`` sends
     ``d base/d h + alpha * d reg/d h`` into ``h`` (the backbone is back-propagated once) and the base
@@ -169,8 +164,8 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
             sq = reduce_sum(sq)
         base_norm, reg_norm = sq.sqrt().unbind()
         alpha = torch.where(reg_norm > 0, base_norm / (reg_norm + 1e-12), torch.zeros_like(reg_norm))
-    if alpha_max is not None:
-        alpha = alpha.clamp(max=float(alpha_max))
+        if alpha_max is not None:
+            alpha = alpha.clamp(max=float(alpha_max))
     g_h = g_base[0] + alpha.to(g_reg.dtype) * g_reg
     value = loss_base.detach() + (alpha * reg.detach().float()).to(loss_base.dtype)
     total = _InjectGrad.apply(value, [g_h.to(h.dtype), *g_base[1:]], h, *params)

@@ -1,11 +1,15 @@
-"""RASCAL: Rank-Agreement Supervised Contrastive Alignment Loss (``../shared/spec/RASCAL.md``)."""
+"""RASCAL: Rank-Agreement Supervised Contrastive Alignment Loss (definition: ``docs/RASCAL.md``).
+
+The loss is built from small parts, each a function of per-class blocks of the batch (rows grouped
+by label, see :func:`losses.class_blocks`): :func:`fractional_rank_desc` ranks, :func:`rank_drift`
+compares two rankings, ``WEIGHTINGS`` maps a mode to its positive weights, :func:`weight_statistics`
+summarizes them, and :class:`RASCALLoss` holds the cache and puts the parts together.
+"""
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from losses import class_blocks, flatten_views, upcast
+from losses import Loss, block_pairs, class_blocks, flatten_views, upcast
 
-WEIGHTINGS = ('agreement', 'current', 'uniform')
 DRIFT_BINS = 20  # histogram of rank drift over [0, 1]
 
 
@@ -29,10 +33,98 @@ def fractional_rank_desc(values, valid):
     return torch.empty_like(values).scatter_(-1, order, (first + last) / 2)
 
 
-class RASCALLoss(nn.Module):
+class Positives:
+    """An anchor's positives inside its class block, and their similarities now and in the cache.
+
+    ``rows`` ``[C, K]`` row indices (padding clamped to 0), ``present`` ``[C, K]`` (not padding),
+    ``pairs`` ``[C, K, K]`` (positive pairs), ``num_pos`` ``[C, K]`` (``m_r``), ``current`` /
+    ``cached`` ``[C, K, K]`` (``z_r.z_c`` and ``cache[s(r)].cache[s(c)]``), ``cache_complete``
+    ``[C, K]`` (the anchor's and every positive's cache entries are valid), ``rank_current`` (the
+    descending fractional ranks of ``current`` among the positives).
+    """
+
+    def __init__(self, sims, labels, n_views, cache_feat, cache_valid, sample_idx):
+        bsz = labels.shape[0]
+        sample_valid = cache_valid[sample_idx]
+        sample_cache = cache_feat[sample_idx].to(sims.dtype)
+        cached_sims = sample_cache @ sample_cache.T                # [B, B]
+        self.rows, self.present, _ = class_blocks(labels.repeat(n_views))
+        self.pairs = block_pairs(self.present)
+        self.num_pos = self.pairs.sum(-1)
+        self.current = sims[self.rows[:, :, None], self.rows[:, None, :]]
+        sample_of = self.rows % bsz                                # view-major rows: r = v * B + b
+        self.cached = cached_sims[sample_of[:, :, None], sample_of[:, None, :]]
+        anchor_valid = sample_valid[sample_of]
+        self.cache_complete = anchor_valid & ~(self.pairs & ~anchor_valid[:, None, :]).any(-1)
+        self.sample_valid = sample_valid
+        self.rank_current = fractional_rank_desc(self.current, self.pairs)
+
+    def rank_span(self):
+        """``m_r - 1`` (at least 1), ``[C, K, 1]``: the largest possible rank difference."""
+        return (self.num_pos - 1).clamp(min=1).to(self.current.dtype)[..., None]
+
+    def uniform(self):
+        return self.pairs.to(self.current.dtype) / self.num_pos.clamp(min=1).to(self.current.dtype)[..., None]
+
+
+def rank_drift(pos):
+    """``|rank_current - rank_cached| / (m_r - 1)`` per positive pair (0 for anchors with one positive)."""
+    return (pos.rank_current - fractional_rank_desc(pos.cached, pos.pairs)).abs() / pos.rank_span() \
+        * (pos.num_pos >= 2)[..., None]
+
+
+def agreement_weights(pos, drift):
+    """``w = max(0, 1 - drift)``, normalized; uniform where a cache entry is missing or ``sum w <= 1e-12``.
+    Returns ``(W [C, K, K], ranked [C, K], rows whose drift counts in the statistics [C, K])``."""
+    w = (1 - drift).clamp(min=0) * pos.pairs
+    w_sum = w.sum(-1, keepdim=True)
+    ranked = (pos.num_pos >= 1) & pos.cache_complete & (w_sum.squeeze(-1) > 1e-12)
+    return torch.where(ranked[..., None], w / w_sum.clamp(min=1e-12), pos.uniform()), ranked, ranked
+
+
+def current_weights(pos, drift):
+    """No cache: ``w = 1 - rank_current / (m_r - 1)`` (``1`` when ``m_r = 1``), normalized."""
+    several = (pos.num_pos >= 2)[..., None]
+    w = torch.where(several, 1 - pos.rank_current / pos.rank_span(), torch.ones_like(pos.rank_current)) \
+        * pos.pairs
+    has_pos = pos.num_pos >= 1
+    return w / w.sum(-1, keepdim=True).clamp(min=1e-12), has_pos, has_pos & pos.cache_complete
+
+
+def uniform_weights(pos, drift):
+    """``1 / m_r``: plain SupCon (the cache is still kept, so the statistics stay comparable)."""
+    has_pos = pos.num_pos >= 1
+    return pos.uniform(), torch.zeros_like(has_pos), has_pos & pos.cache_complete
+
+
+WEIGHTINGS = {'agreement': agreement_weights, 'current': current_weights, 'uniform': uniform_weights}
+
+
+def weight_statistics(pos, weights, ranked, drift, drift_rows, n_rows):
+    """The statistics of ``docs/RASCAL.md`` as 0-d tensors, and the drift histogram counts."""
+    has_pos = pos.num_pos >= 1
+    multi = pos.num_pos >= 2
+    pair_mask = (drift_rows & multi)[..., None] & pos.pairs
+    drifts = drift[pair_mask]
+    n_drift = pair_mask.sum().clamp(min=1)
+    drift_mean = drifts.sum() / n_drift
+    drift_std = (((drifts - drift_mean) ** 2).sum() / n_drift).sqrt()
+    entropy = -(weights * torch.log(weights.clamp(min=1e-30))).sum(-1)
+    stats = {
+        'avg_pos_per_anchor': pos.num_pos.sum().to(torch.float32) / n_rows,
+        'cache_hit_rate': pos.sample_valid.float().mean(),
+        'ranked_row_rate': (ranked & has_pos).sum() / has_pos.sum().clamp(min=1),
+        'rank_drift_mean': drift_mean,
+        'rank_drift_std': drift_std,
+        'w_entropy': (entropy * multi).sum() / multi.sum().clamp(min=1),
+    }
+    return stats, torch.histc(drifts.float(), bins=DRIFT_BINS, min=0, max=1)
+
+
+class RASCALLoss(Loss):
     """SupCon L_out whose average over an anchor's positives is weighted by rank agreement.
 
-    Spec: ``RASCAL.md``. With rows ``r`` (``M = V*B``, view-major), unit features ``z``,
+    Definition: ``docs/RASCAL.md``. With rows ``r`` (``M = V*B``, view-major), unit features ``z``,
     ``log_prob[r, c] = z_r.z_c/tau - log sum_{a != r} exp(z_r.z_a/tau)`` and positives
     ``P(r) = {c != r : y_c = y_r}``::
 
@@ -56,9 +148,9 @@ class RASCALLoss(nn.Module):
         persistent_cache: keep ``cache_feat``/``cache_valid`` in ``state_dict()``.
 
     Shapes: features ``[B, V, D]`` (more dims flattened), labels ``[B]``, sample_idx ``[B]``;
-    returns a scalar (float32 under autocast). ``last_stats`` holds the spec's statistics
-    as 0-d tensors (no host sync); ``last_drift_hist`` the drift counts over
-    ``DRIFT_BINS`` equal bins of ``[0, 1]``.
+    returns a scalar (float32 under autocast). ``last_stats`` holds the statistics of
+    ``docs/RASCAL.md`` as 0-d tensors (no host sync); ``last_hists['rank_drift']`` the drift
+    counts over ``DRIFT_BINS`` equal bins of ``[0, 1]``.
     """
 
     def __init__(self, num_samples, feat_dim, temperature=0.07, base_temperature=0.07,
@@ -69,7 +161,7 @@ class RASCALLoss(nn.Module):
         if not temperature > 0 or not base_temperature > 0:
             raise ValueError(f'temperatures must be > 0, got {temperature} and {base_temperature}')
         if weighting not in WEIGHTINGS:
-            raise ValueError(f'weighting must be one of {WEIGHTINGS}, got {weighting!r}')
+            raise ValueError(f'weighting must be one of {tuple(WEIGHTINGS)}, got {weighting!r}')
         self.num_samples, self.feat_dim = int(num_samples), int(feat_dim)
         self.temperature, self.base_temperature = temperature, base_temperature
         self.weighting = weighting
@@ -77,8 +169,6 @@ class RASCALLoss(nn.Module):
                              persistent=persistent_cache)
         self.register_buffer('cache_valid', torch.zeros(self.num_samples, dtype=torch.bool),
                              persistent=persistent_cache)
-        self.last_stats = {}
-        self.last_drift_hist = None
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         saved = state_dict.get(prefix + 'cache_feat')
@@ -97,105 +187,51 @@ class RASCALLoss(nn.Module):
                              f'must have one entry per sample ({bsz})')
         if bool(((sample_idx < 0) | (sample_idx >= self.num_samples)).any()):
             raise ValueError(f'sample_idx must lie in [0, {self.num_samples})')
-        return contrast, labels, sample_idx, bsz, n_views
+        return contrast, labels, sample_idx, n_views
 
     def forward(self, features, labels, sample_idx):
-        contrast, labels, sample_idx, bsz, n_views = self._check_inputs(features, labels, sample_idx)
+        contrast, labels, sample_idx, n_views = self._check_inputs(features, labels, sample_idx)
         with torch.autocast(device_type=features.device.type, enabled=False):
             z = F.normalize(upcast(contrast), dim=1)
-            m_rows = z.shape[0]
+            n_rows = z.shape[0]
             sims = z @ z.T                                   # reused for the denominator and ranking
-            if m_rows > 1:
+            if n_rows > 1:
                 logits = (sims / self.temperature).fill_diagonal_(-float('inf'))
                 log_denom = torch.logsumexp(logits, dim=1)   # log sum_{a != r} exp(z_r.z_a / tau)
             else:                                            # nothing to contrast with
                 log_denom = sims.new_zeros(1)
             with torch.no_grad():
-                rows, present, w_blk, stats = self._block_weights(sims.detach(), labels, sample_idx, bsz, n_views)
+                pos, weights, stats, drift_hist = self.positive_weights(sims.detach(), labels, sample_idx, n_views)
             # sum_c W[r,c] log_prob[r,c] = z_r.(sum_c W[r,c] z_c)/tau - (sum_c W[r,c]) log_denom[r], per class block
-            zb = z[rows]                                     # [C, K, D]
-            pos_term = (zb * torch.bmm(w_blk, zb)).sum(-1) / self.temperature
-            per_row = (pos_term - w_blk.sum(-1) * log_denom[rows]) * present
-            loss = -(self.temperature / self.base_temperature) * per_row.sum() / m_rows
+            zb = z[pos.rows]                                 # [C, K, D]
+            pos_term = (zb * torch.bmm(weights, zb)).sum(-1) / self.temperature
+            per_row = (pos_term - weights.sum(-1) * log_denom[pos.rows]) * pos.present
+            loss = -(self.temperature / self.base_temperature) * per_row.sum() / n_rows
             with torch.no_grad():
-                self._update_cache(z.detach().reshape(n_views, bsz, -1).mean(0), sample_idx)
-        self.last_stats = stats
+                self._update_cache(z.detach().reshape(n_views, -1, z.shape[1]).mean(0), sample_idx)
+        self.last_stats, self.last_hists = stats, {'rank_drift': drift_hist}
         return loss
+
+    def positive_weights(self, sims, labels, sample_idx, n_views):
+        """``(Positives, W per class block [C, K, K], statistics, drift histogram)`` from the detached
+        similarities ``sims`` ``[M, M]`` and the cache as it is (before this step's update)."""
+        pos = Positives(sims, labels, n_views, self.cache_feat, self.cache_valid, sample_idx)
+        drift = rank_drift(pos)
+        weights, ranked, drift_rows = WEIGHTINGS[self.weighting](pos, drift)
+        stats, drift_hist = weight_statistics(pos, weights, ranked, drift, drift_rows, sims.shape[0])
+        return pos, weights, stats, drift_hist
 
     @torch.no_grad()
     def weight_matrix(self, features, labels, sample_idx):
         """The dense ``[M, M]`` weights ``W`` the next call would use (cache untouched); for tests and analysis."""
-        contrast, labels, sample_idx, bsz, n_views = self._check_inputs(features, labels, sample_idx)
+        contrast, labels, sample_idx, n_views = self._check_inputs(features, labels, sample_idx)
         z = F.normalize(upcast(contrast), dim=1)
-        rows, present, w_blk, _ = self._block_weights(z @ z.T, labels, sample_idx, bsz, n_views)
+        pos, weights, _, _ = self.positive_weights(z @ z.T, labels, sample_idx, n_views)
         dense = torch.zeros(z.shape[0], z.shape[0], dtype=z.dtype, device=z.device)
-        pair = present[:, :, None] & present[:, None, :]
-        dense[rows[:, :, None].expand_as(pair)[pair], rows[:, None, :].expand_as(pair)[pair]] = w_blk[pair]
+        pair = pos.present[:, :, None] & pos.present[:, None, :]
+        rows = pos.rows
+        dense[rows[:, :, None].expand_as(pair)[pair], rows[:, None, :].expand_as(pair)[pair]] = weights[pair]
         return dense
-
-    # ------------------------------------------------------------------ weights
-    def _block_weights(self, sims, labels, sample_idx, bsz, n_views):
-        """Weights per class block: rows sorted by label, each class padded to K rows.
-
-        Returns ``rows`` ``[C, K]`` (row indices, padding clamped to 0), ``present``
-        ``[C, K]`` (not padding), ``w_blk`` ``[C, K, K]`` (``W`` restricted to the block;
-        zero on padding and the diagonal) and the statistics.
-        """
-        device, dtype = sims.device, sims.dtype
-        m_rows = sims.shape[0]
-        valid_b = self.cache_valid[sample_idx]
-        cache_b = self.cache_feat[sample_idx].to(dtype)
-        old_b = cache_b @ cache_b.T                                # [B, B]
-
-        rows, present, _ = class_blocks(labels.repeat(n_views))   # [C, K]
-        k = rows.shape[1]
-        blk_pos = present[:, :, None] & present[:, None, :] & ~torch.eye(k, dtype=torch.bool, device=device)
-        m_blk = blk_pos.sum(-1)                                    # m_r per block row
-        cur = sims[rows[:, :, None], rows[:, None, :]]             # [C, K, K]
-        bpos = rows % bsz
-        old = old_b[bpos[:, :, None], bpos[:, None, :]]
-        row_valid = valid_b[bpos]                                  # anchor's own entry
-        cache_ok = row_valid & ~(blk_pos & ~row_valid[:, None, :]).any(-1)
-
-        denom = (m_blk - 1).clamp(min=1).to(dtype)[..., None]
-        rank_cur = fractional_rank_desc(cur, blk_pos)
-        drift = (rank_cur - fractional_rank_desc(old, blk_pos)).abs() / denom * (m_blk >= 2)[..., None]
-        uniform = blk_pos.to(dtype) / m_blk.clamp(min=1).to(dtype)[..., None]
-        has_pos = m_blk >= 1
-        if self.weighting == 'agreement':
-            w = (1 - drift).clamp(min=0) * blk_pos
-            w_sum = w.sum(-1, keepdim=True)
-            ranked = has_pos & cache_ok & (w_sum.squeeze(-1) > 1e-12)
-            w_blk = torch.where(ranked[..., None], w / w_sum.clamp(min=1e-12), uniform)
-            drift_rows = ranked
-        elif self.weighting == 'current':
-            w = torch.where((m_blk >= 2)[..., None], 1 - rank_cur / denom, torch.ones_like(rank_cur)) * blk_pos
-            ranked = has_pos
-            w_blk = w / w.sum(-1, keepdim=True).clamp(min=1e-12)
-            drift_rows = has_pos & cache_ok
-        else:
-            ranked = torch.zeros_like(has_pos)
-            w_blk = uniform
-            drift_rows = has_pos & cache_ok
-
-        # Statistics, all as tensors (the caller syncs once).
-        pair_mask = (drift_rows & (m_blk >= 2))[..., None] & blk_pos
-        drifts = drift[pair_mask]
-        n_drift = pair_mask.sum().clamp(min=1)
-        drift_mean = drifts.sum() / n_drift
-        drift_std = (((drifts - drift_mean) ** 2).sum() / n_drift).sqrt()
-        multi = m_blk >= 2
-        ent = -(w_blk * torch.log(w_blk.clamp(min=1e-30))).sum(-1)
-        self.last_drift_hist = torch.histc(drifts.float(), bins=DRIFT_BINS, min=0, max=1)
-        stats = {
-            'avg_pos_per_anchor': m_blk.sum().to(torch.float32) / m_rows,
-            'cache_hit_rate': valid_b.float().mean(),
-            'ranked_row_rate': (ranked & has_pos).sum() / has_pos.sum().clamp(min=1),
-            'rank_drift_mean': drift_mean,
-            'rank_drift_std': drift_std,
-            'w_entropy': (ent * multi).sum() / multi.sum().clamp(min=1),
-        }
-        return rows, present, w_blk, stats
 
     def _update_cache(self, mean_views, sample_idx):
         """cache[i] = normalize(mean of the view-means of every occurrence of i); deterministic."""

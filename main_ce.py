@@ -3,38 +3,22 @@ CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and EC
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
-import torch.nn.functional as F
-
-from data import build_dataset, build_loader, build_transform, class_counts, num_classes
+from data import build_dataset, build_loader, build_transform, long_tail_class_counts, num_classes
 from distributed import wrap_model
-from engine import carrot_term, evaluate, fit, prepare_model, train_loop, write_results
+from engine import evaluate, fit, setup, train_loop, write_results
 from losses_carrot import CARROT
 from networks import SupCEResNet
 from options import parse_option
-from util import accuracy, autocast, grad_scaler, run_cli, set_optimizer, set_seed, to_device
-
-
-def ce_loss(opt, ddp_model, model, carrot, images, labels):
-    """One step's cross-entropy (+ CARROT on the penultimate features) and statistics. ``ddp_model``
-    is what the forward goes through (DDP under torchrun), ``model`` the module itself."""
-    images, labels = to_device(opt, images), labels.to(opt.device)
-    with autocast(opt):
-        h, logits = ddp_model(images, parts=True)
-    loss = F.cross_entropy(logits.float(), labels)   # this process's batch; DDP averages the gradients
-    stats = {'acc': accuracy(logits, labels)[0]}
-    if carrot is not None:
-        loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels, model.fc.parameters())
-        stats.update(carrot_stats)
-    return loss, stats
+from steps import ce_loss
+from util import grad_scaler, prepare_model, run_cli, set_optimizer
 
 
 def main(argv=None):
-    opt = parse_option('ce', argv)
-    set_seed(opt.seed + opt.rank)    # each torchrun process augments differently; DDP syncs the weights
+    opt = setup(parse_option('ce', argv))
     train_set = build_dataset(opt, True, build_transform(opt, 'train'))
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
     train_loader = build_loader(opt, train_set, train=True)
-    counts = class_counts(train_set) if opt.dataset.endswith('_lt') else None
+    counts = long_tail_class_counts(opt, train_set)
     test_loader = build_loader(opt, test_set, train=False)
     model = prepare_model(opt, SupCEResNet(opt.model, num_classes=num_classes(train_set)))
     ddp_model = wrap_model(opt, model)    # the model itself in one process

@@ -11,47 +11,24 @@ import os
 import torch
 import torch.nn as nn
 
-from checkpoint import clean_state_dict, load_checkpoint
-from data import build_dataset, build_loader, build_transform, class_counts, num_classes, split_train_val
+from checkpoint import load_encoder
+from data import (build_dataset, build_loader, build_transform, dataset_info, long_tail_class_counts, num_classes,
+                  split_train_val)
 from distributed import wrap_model
-from engine import evaluate, fit, prepare_model, train_loop, write_results
-from networks import LinearClassifier, build_encoder
+from engine import evaluate, fit, setup, train_loop, write_results
+from networks import LinearClassifier
 from options import parse_option
-from util import UserError, accuracy, autocast, grad_scaler, run_cli, set_optimizer, set_seed, to_device
-
-
-def load_encoder(opt):
-    """The frozen encoder of ``opt.ckpt`` (``--model`` defaults to the checkpoint's)."""
-    ckpt = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)')
-    saved = ckpt['config'].get('model')
-    if opt.model is None:
-        opt.model = saved or ('resnet_tiny' if opt.dataset == 'digits' else 'resnet50')
-    elif saved and saved != opt.model:
-        raise UserError(f'--ckpt {opt.ckpt} holds a {saved} encoder but --model is {opt.model}')
-    state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items()
-             if k.startswith('encoder.')}
-    if not state:
-        raise UserError(f'--ckpt {opt.ckpt} has no encoder weights (no "encoder." keys)')
-    encoder, _ = build_encoder(opt.model)
-    try:
-        encoder.load_state_dict(state)
-    except RuntimeError:
-        raise UserError(f'--ckpt {opt.ckpt} does not match --model {opt.model}') from None
-    encoder = prepare_model(opt, encoder).eval()
-    for p in encoder.parameters():
-        p.requires_grad_(False)
-    return encoder
+from util import accuracy, autocast, grad_scaler, run_cli, set_optimizer, to_device
 
 
 def main(argv=None):
-    opt = parse_option('linear', argv)
-    set_seed(opt.seed + opt.rank)    # each torchrun process augments differently; DDP syncs the weights
-    encoder = load_encoder(opt)
+    opt = setup(parse_option('linear', argv))
+    encoder = load_encoder(opt, dataset_info(opt.dataset).model)
     # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
     train_set = build_dataset(opt, True, build_transform(opt, 'train'), opt.eval_labels)
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'), opt.eval_labels)
     n_cls = num_classes(train_set)
-    counts = class_counts(train_set) if opt.dataset.endswith('_lt') else None
+    counts = long_tail_class_counts(opt, train_set)
     loaders = {}
     if opt.val_split > 0:
         held_out = build_dataset(opt, True, build_transform(opt, 'eval'), opt.eval_labels)

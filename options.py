@@ -1,16 +1,23 @@
 """Command-line options shared by ``main_supcon.py``, ``main_ce.py`` and ``main_linear.py``.
 
 Flag names and defaults follow SupContrast; each script only differs in its
-defaults (``SCRIPT_DEFAULTS``) and in a few script-specific flags.
+defaults (``SCRIPT_DEFAULTS``) and in a few script-specific flags. ``--method``'s
+choices and each method's own flags come from the registry in ``methods.py``.
+
+``parse_option`` parses, fills the defaults that depend on other flags, validates and
+names the run folder; it touches no device, process group or file (``engine.setup``
+does). Every field exists for every script (``FIELD_DEFAULTS`` for the flags a
+script does not have), so code reads ``opt.x`` without a fallback.
 """
 import argparse
+import math
 import os
 import re
 
-from data import DATASETS, coarse_labels
+from data import DATASETS, coarse_labels, dataset_info
+from methods import METHODS, apply_method_flags, get_method, method_flags
 from networks import MODELS
-from distributed import init_distributed
-from util import UserError, resolve_device
+from util import UserError
 
 # SupContrast's per-script defaults.
 SCRIPT_DEFAULTS = {
@@ -22,6 +29,12 @@ SCRIPT_DEFAULTS = {
                    lr_decay_rate=0.2, weight_decay=0.0),
 }
 RUN_KIND = {'supcon': 'SupCon', 'ce': 'SupCE', 'linear': 'Linear'}
+
+# Fields of flags that a script does not have, and of the run's set-up (``engine.setup`` sets those).
+FIELD_DEFAULTS = dict(method=None, label_granularity='fine', eval_labels='fine', carrot=False, carrot_on=None,
+                      carrot_q_hi=0.9, carrot_q_lo=0.1, carrot_weight=None, carrot_alpha_max=None, ckpt='',
+                      val_split=0.0, head=None, feat_dim=None, temp=None, knn_every=0, knn_k=200, knn_t=0.1,
+                      world_size=1, rank=0)
 
 
 class Parser(argparse.ArgumentParser):
@@ -43,9 +56,12 @@ def _floats(text):
 
 def _int_list(text):
     try:
-        return [int(x) for x in text.split(',') if x.strip()]
+        epochs = [int(x) for x in text.split(',') if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f'expected comma-separated epochs such as 700,800,900, got {text!r}')
+        epochs = [0]
+    if not all(e >= 1 for e in epochs):
+        raise argparse.ArgumentTypeError(f'expected comma-separated epochs >= 1 such as 700,800,900, got {text!r}')
+    return epochs
 
 
 def build_parser(script):
@@ -79,13 +95,11 @@ def build_parser(script):
                        help='train on coarse labels: the 20 CIFAR-100 superclasses, or 5 digit groups')
     p.add_argument('--size', type=int, default=None, help='image size (default: 16 for digits, 32 otherwise)')
     if script == 'supcon':
-        p.add_argument('--method', choices=['SupCon', 'SimCLR', 'RASCAL'], default='SupCon')
-        p.add_argument('--rascal_weighting', choices=['agreement', 'current', 'uniform'], default=None,
-                       help='RASCAL positive weights (default agreement; current/uniform are ablations)')
-        p.add_argument('--simclr_loss', choices=['ntxent', 'ntlogistic', 'margin_triplet'], default='ntxent',
-                       help='contrastive loss of SupCon/SimCLR: NT-Xent (SupConLoss), NT-Logistic, '
-                            'or Marginal Triplet; with SupCon, same-class samples are positives')
-        p.add_argument('--margin', type=float, default=None, help='margin of margin_triplet (default 1.0)')
+        p.add_argument('--method', choices=list(METHODS), default='SupCon',
+                       help='; '.join(f'{m.name}: {m.help}' for m in METHODS.values() if m.help))
+        for flag, (kwargs, owners) in method_flags().items():
+            kwargs = {**kwargs, 'default': None, 'help': f'({"/".join(owners)}) {kwargs.get("help", "")}'}
+            p.add_argument(flag, **kwargs)
         p.add_argument('--temp', type=float, default=0.07, help='loss temperature (not used by margin_triplet)')
         p.add_argument('--head', choices=['mlp', 'linear'], default='mlp')
         p.add_argument('--knn_every', type=int, default=0,
@@ -102,7 +116,8 @@ def build_parser(script):
         p.add_argument('--carrot_q_lo', type=float, default=0.1, help='CARROT: lower negative quantile')
         p.add_argument('--carrot_weight', type=float, default=None,
                        help='CARROT: fixed weight instead of gradient balancing')
-        p.add_argument('--carrot_alpha_max', type=float, default=None, help='CARROT: cap on the balanced weight')
+        p.add_argument('--carrot_alpha_max', type=float, default=None,
+                       help='CARROT: cap on the balanced weight (default 1; inf: no cap, the first definition)')
     if script == 'linear':
         p.add_argument('--ckpt', default='', help='stage-1 checkpoint (ours or the original SupContrast\'s)')
         p.add_argument('--val_split', type=float, default=0.0,
@@ -125,7 +140,15 @@ def _check(cond, message):
         raise UserError(message)
 
 
+# float flags that may be infinite (every other float flag must be a finite number)
+MAY_BE_INFINITE = ('carrot_alpha_max',)
+
+
 def validate(opt, script):
+    for key, value in vars(opt).items():
+        values = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            _check(key in MAY_BE_INFINITE and not math.isnan(value), f'--{key} must be a finite number, got {value}')
     _check(opt.batch_size >= 1, f'--batch_size must be >= 1, got {opt.batch_size}')
     _check(opt.epochs >= 1, f'--epochs must be >= 1, got {opt.epochs}')
     _check(opt.learning_rate > 0, f'--learning_rate must be > 0, got {opt.learning_rate}')
@@ -133,31 +156,25 @@ def validate(opt, script):
     _check(opt.print_freq >= 1 and opt.save_freq >= 1, '--print_freq and --save_freq must be >= 1')
     _check(opt.size >= 1, f'--size must be >= 1, got {opt.size}')
     _check(opt.weight_decay >= 0 and opt.momentum >= 0, '--weight_decay and --momentum must be >= 0')
+    _check(opt.lr_decay_rate > 0, f'--lr_decay_rate must be > 0, got {opt.lr_decay_rate}')
+    _check(0 < opt.imb_factor <= 1, f'--imb_factor must be in (0, 1], got {opt.imb_factor}')
+    _check(0 <= opt.carrot_q_lo < opt.carrot_q_hi <= 1,
+           f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {opt.carrot_q_lo} and {opt.carrot_q_hi}')
     if script == 'supcon':
         _check(opt.temp > 0, f'--temp must be > 0, got {opt.temp}')
         _check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
-        _check(opt.rascal_weighting is None or opt.method == 'RASCAL',
-               f'--rascal_weighting needs --method RASCAL (got --method {opt.method})')
-        if opt.method == 'RASCAL' and opt.rascal_weighting is None:
-            opt.rascal_weighting = 'agreement'
-        _check(opt.method != 'RASCAL' or opt.simclr_loss == 'ntxent',
-               f'--simclr_loss {opt.simclr_loss} needs --method SupCon or SimCLR (RASCAL is an NT-Xent loss)')
-        _check(opt.margin is None or opt.simclr_loss == 'margin_triplet',
-               '--margin needs --simclr_loss margin_triplet')
-        if opt.simclr_loss == 'margin_triplet':
-            opt.margin = 1.0 if opt.margin is None else opt.margin
-            _check(opt.margin >= 0, f'--margin must be >= 0, got {opt.margin}')
     if script in ('supcon', 'ce'):
         validate_carrot(opt, script)
     if script == 'linear':
         _check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         _check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
-    if opt.dataset == 'path':
-        _check(opt.data_folder, '--dataset path needs --data_folder with train/ and val/ ImageFolder sub-folders')
-        _check(opt.mean and opt.std, '--dataset path needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
-    if opt.dataset.endswith('_lt'):
-        _check(0 < opt.imb_factor <= 1, f'--imb_factor must be in (0, 1], got {opt.imb_factor}')
-    if (getattr(opt, 'label_granularity', None) or opt.eval_labels) == 'coarse':
+    info = dataset_info(opt.dataset)
+    if info.mean_std is None:
+        _check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
+    if info.needs_folder:
+        _check(opt.data_folder, f'--dataset {opt.dataset} needs --data_folder with train/ and val/ '
+                                f'ImageFolder sub-folders')
+    if 'coarse' in (opt.label_granularity, opt.eval_labels):
         coarse_labels(opt.dataset)    # a one-line error for datasets without superclasses
     if script == 'supcon':
         _check(opt.knn_every >= 0 and opt.knn_k >= 1 and opt.knn_t > 0,
@@ -168,15 +185,19 @@ def validate(opt, script):
 
 def validate_carrot(opt, script):
     if not opt.carrot:
-        given = [f for f in ('carrot_on', 'carrot_weight', 'carrot_alpha_max') if getattr(opt, f, None) is not None]
+        given = [f for f in ('carrot_on', 'carrot_weight', 'carrot_alpha_max') if getattr(opt, f) is not None]
         _check(not given, f'--{given[0] if given else ""} needs --carrot')
         return
-    _check(script != 'supcon' or opt.method != 'SimCLR',
-           '--carrot needs class labels: use it with --method SupCon or RASCAL, not SimCLR')
-    _check(0 <= opt.carrot_q_lo < opt.carrot_q_hi <= 1,
-           f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {opt.carrot_q_lo} and {opt.carrot_q_hi}')
+    if script == 'supcon' and not get_method(opt.method).uses_labels:
+        with_labels = ' or '.join(m.name for m in METHODS.values() if m.uses_labels)
+        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {opt.method}')
     _check(opt.carrot_weight is None or opt.carrot_weight >= 0, '--carrot_weight must be >= 0')
-    _check(opt.carrot_alpha_max is None or opt.carrot_alpha_max > 0, '--carrot_alpha_max must be > 0')
+    _check(opt.carrot_weight is None or opt.carrot_alpha_max is None,
+           '--carrot_alpha_max caps the balanced weight; with a fixed --carrot_weight it has no effect: give one')
+    if opt.carrot_weight is None and opt.carrot_alpha_max is None:
+        opt.carrot_alpha_max = 1.0
+    _check(opt.carrot_alpha_max is None or opt.carrot_alpha_max > 0,
+           f'--carrot_alpha_max must be > 0 (inf: no cap), got {opt.carrot_alpha_max}')
     if script == 'supcon' and opt.carrot_on is None:
         opt.carrot_on = 'encoder'
 
@@ -184,12 +205,7 @@ def validate_carrot(opt, script):
 def run_name(opt, script):
     """SupContrast's naming of a run folder from its settings."""
     if script == 'supcon':
-        method = opt.method
-        if opt.method == 'RASCAL' and opt.rascal_weighting != 'agreement':
-            method += f'-{opt.rascal_weighting}'
-        if opt.simclr_loss != 'ntxent':
-            method += f'-{opt.simclr_loss}'
-        scale = f'margin_{opt.margin}' if opt.simclr_loss == 'margin_triplet' else f'temp_{opt.temp}'
+        method, scale = get_method(opt.method).name_parts(opt)
         name = (f'{method}_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
                 f'_bsz_{opt.batch_size}_{scale}_trial_{opt.trial}')
     elif script == 'ce':
@@ -199,14 +215,14 @@ def run_name(opt, script):
         pretrain = os.path.basename(os.path.dirname(os.path.abspath(opt.ckpt)))
         stem = os.path.splitext(os.path.basename(opt.ckpt))[0]
         name = f'{pretrain}_{stem}_lr_{opt.learning_rate}_bsz_{opt.batch_size}_trial_{opt.trial}'
-    if getattr(opt, 'label_granularity', 'fine') == 'coarse':
+    if opt.label_granularity == 'coarse':
         name += '_coarse'
-    if script == 'linear' and opt.eval_labels == 'coarse':
+    if opt.eval_labels == 'coarse':
         name += '_evalcoarse'
-    if opt.dataset.endswith('_lt'):
+    if dataset_info(opt.dataset).long_tail:
         name += f'_imb_{opt.imb_factor}'
-    if getattr(opt, 'carrot', False):
-        name += '_carrot' + ('-head' if getattr(opt, 'carrot_on', None) == 'head' else '')
+    if opt.carrot:
+        name += '_carrot' + ('-head' if opt.carrot_on == 'head' else '')
     if opt.cosine:
         name += '_cosine'
     if opt.warm:
@@ -217,19 +233,24 @@ def run_name(opt, script):
 
 
 def parse_option(script, argv=None):
-    """Parse, fill dataset-dependent defaults, validate, and name the run folder."""
-    opt = build_parser(script).parse_args(argv)
+    """Parse, fill dataset- and method-dependent defaults, validate, and name the run folder.
+
+    Nothing here touches a device, a process group or a file: ``engine.setup(opt)`` does."""
+    opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(build_parser(script).parse_args(argv))})
     opt.script = script
+    info = dataset_info(opt.dataset)
     if opt.model is None and script != 'linear':  # main_linear takes the checkpoint's
-        opt.model = 'resnet_tiny' if opt.dataset == 'digits' else 'resnet50'
+        opt.model = info.model
     if opt.size is None:
-        opt.size = 16 if opt.dataset == 'digits' else 32
+        opt.size = info.size
+    if script == 'supcon':
+        apply_method_flags(opt)
+    validate(opt, script)
     if opt.data_folder is None:
         opt.data_folder = './datasets/'
-    validate(opt, script)
+
     opt.num_workers = min(opt.num_workers, os.cpu_count() or 1)
-    opt.device = resolve_device(opt.device)
-    init_distributed(opt)    # under torchrun: process group, this rank's device, the local batch
+    opt.local_batch_size = opt.batch_size    # engine.setup divides it over torchrun processes
     # SupContrast: large batches always warm up; 10 epochs from 0.01.
     if opt.batch_size > 256:
         opt.warm = True
@@ -239,6 +260,22 @@ def parse_option(script, argv=None):
     else:
         opt.run_folder = os.path.join(opt.save_folder, RUN_KIND[script], opt.dataset, run_name(opt, script))
     return opt
+
+
+# What may differ when a run is resumed: flags that do not change what is learned (a longer --epochs is
+# how a run is extended; --amp and --channels_last change precision and memory layout, not the experiment),
+# and fields that describe this process rather than the experiment.
+RESUME_MAY_CHANGE = {'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder', 'save_folder',
+                     'resume', 'trial', 'knn_every', 'knn_k', 'knn_t', 'amp', 'channels_last',
+                     'script', 'run_folder', 'world_size', 'rank', 'local_batch_size', 'warm_epochs', 'warmup_from'}
+
+
+def resume_conflicts(saved_config, opt):
+    """``['--flag: the checkpoint has A, now B', ...]`` for the experiment-defining flags where the
+    checkpoint's configuration and this command line differ (keys missing on either side are skipped)."""
+    now = config_dict(opt)
+    return [f'--{key}: the checkpoint has {saved_config[key]!r}, now {now[key]!r}'
+            for key in sorted(set(now) & set(saved_config) - RESUME_MAY_CHANGE) if saved_config[key] != now[key]]
 
 
 def config_dict(opt):

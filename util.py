@@ -3,31 +3,71 @@ import csv
 import math
 import os
 import random
+import signal
 import sys
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from tqdm import tqdm
 
 
 class UserError(Exception):
     """Bad input from the user: reported as one line on stderr with exit status 2."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised where the program is (as Ctrl-C raises KeyboardInterrupt)."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted()
+
+
+# The run folder of this process's run, set by ``engine.setup``: an interrupt says how to continue it.
+RUN = {'folder': None}
+
+
+def interrupt_message():
+    """What an interrupted run prints: how to continue it (``--resume``), or that nothing was saved yet."""
+    folder = RUN['folder']
+    last = os.path.join(folder, 'last.pth') if folder else None
+    if last and os.path.isfile(last):
+        return f'interrupted; the last complete checkpoint is intact: continue with --resume {last}'
+    return 'interrupted before the first checkpoint (written after each epoch): nothing to resume'
+
+
+def error_line(error):
+    """The one line of a :class:`UserError`, also one re-raised by a DataLoader worker (whose message
+    holds the worker's traceback: the original message is its last line)."""
+    message = str(error).strip()
+    if '\n' in message:
+        message = message.splitlines()[-1].split('UserError: ', 1)[-1]
+    return message
+
+
 def run_cli(main):
-    """Run ``main()``; a :class:`UserError` (or Ctrl-C) becomes a one-line message and a non-zero exit."""
+    """Run ``main()``; a :class:`UserError`, Ctrl-C or SIGTERM becomes a one-line message and a non-zero exit."""
     prog = os.path.basename(sys.argv[0])
+    signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         main()
     except UserError as e:
-        print(f'{prog}: error: {e}', file=sys.stderr)
+        print(f'{prog}: error: {error_line(e)}', file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
-        print(f'{prog}: interrupted', file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        print(f'{prog}: {interrupt_message()}', file=sys.stderr)
+        sys.exit(143 if isinstance(e, Interrupted) else 130)
     finally:
-        import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def progress(iterable, desc, total=None):
+    """A tqdm bar on a terminal (rank 0 only under torchrun); plain periodic lines otherwise."""
+    quiet = dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+    return tqdm(iterable, desc=desc, total=total, disable=True if quiet else None, leave=False,
+                dynamic_ncols=True)
 
 
 class AverageMeter:
@@ -150,6 +190,16 @@ def grad_scaler(opt):
     return torch.amp.GradScaler(opt.device.type, enabled=opt.amp == 'fp16')
 
 
+def prepare_model(opt, model):
+    """Move to the device (channels-last if asked); cudnn autotuning on CUDA."""
+    model = model.to(opt.device)
+    if opt.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if opt.device.type == 'cuda':
+        torch.backends.cudnn.benchmark = True
+    return model
+
+
 def to_device(opt, images):
     images = images.to(opt.device, non_blocking=True)
     if opt.channels_last and images.dim() == 4:
@@ -175,6 +225,7 @@ class RunLogger:
     def __init__(self, folder, start_epoch=1):
         from torch.utils.tensorboard import SummaryWriter
         os.makedirs(folder, exist_ok=True)
+        self.folder = folder
         self.csv_path = os.path.join(folder, 'metrics.csv')
         self.hist_path = os.path.join(folder, 'histograms.csv')   # epoch, name, bucket counts over [0, 1]
         self.rows, self.hist_rows = [], []
@@ -201,6 +252,13 @@ class RunLogger:
         self.rows.append({'epoch': epoch, **{k: f'{v:.6g}' for k, v in metrics.items()}})
         fields = ['epoch'] + sorted({k for r in self.rows for k in r} - {'epoch'})
         _write_csv(self.csv_path, [fields] + [[r.get(k, '') for k in fields] for r in self.rows])
+
+    def note(self, epoch, text):
+        """A one-line message (a warning) to TensorBoard's text tab and ``<run>/warnings.txt``."""
+        self.writer.add_text('warnings', text, epoch)
+        self.writer.flush()
+        with open(os.path.join(self.folder, 'warnings.txt'), 'a') as f:
+            f.write(f'epoch {epoch}: {text}\n')
 
     def _histogram(self, key, counts, epoch):
         """``counts``: bucket counts over equal bins of [0, 1]."""

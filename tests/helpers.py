@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ['--num_workers', '0', '--batch_size', '128', '--print_freq', '1000']
@@ -86,3 +87,19 @@ def assert_value_and_grad_close(fn, reference, inputs, rtol=1e-5, atol=1e-8):
     assert torch.isfinite(x1.grad).all()
     torch.testing.assert_close(x1.grad, x2.grad, rtol=rtol, atol=atol)
     return got
+
+
+def unit(*shape, dtype=torch.float64, seed=0):
+    """Random unit vectors along the last dim (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return F.normalize(torch.randn(*shape, generator=g, dtype=dtype), dim=-1)
+
+
+def assert_one_line_error(proc, *words):
+    """A finished script failed with one line on stderr that contains ``error`` and ``words``, no traceback."""
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert 'Traceback' not in proc.stderr and 'error' in lines[0]
+    for w in words:
+        assert w in lines[0], lines[0]

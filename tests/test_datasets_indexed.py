@@ -13,7 +13,7 @@ def opt_for(dataset, folder=None, size=16):
     return SimpleNamespace(dataset=dataset, data_folder=str(folder) if folder else './datasets/', size=size,
                            mean=(0.5, 0.5, 0.5) if dataset == 'path' else None,
                            std=(0.25, 0.25, 0.25) if dataset == 'path' else None,
-                           batch_size=4, num_workers=0, device=torch.device('cpu'))
+                           batch_size=4, num_workers=0, device=torch.device('cpu'), label_granularity='fine')
 
 
 def check(opt):

@@ -43,16 +43,17 @@ def batch():
 def one_step(case, rank=0, world=1):
     """The scripts' own loss functions on this process's slice of :func:`batch`: RASCAL runs a first
     step to warm its cache, then the step that is compared. Returns loss, gradients and state."""
-    import main_ce
-    import main_supcon
     from distributed import wrap_model
-    from engine import prepare_model
+    from engine import setup
     from losses_carrot import CARROT
+    from methods import get_method
     from networks import SupCEResNet, SupConResNet
     from options import parse_option
+    from steps import ce_loss, contrastive_loss
+    from util import prepare_model
 
     script = 'ce' if case.startswith('CE') else 'supcon'
-    opt = parse_option(script, CASES[case] + ['--batch_size', str(BSZ), '--device', 'cpu'])
+    opt = setup(parse_option(script, CASES[case] + ['--batch_size', str(BSZ), '--device', 'cpu']), run_folder=False)
     torch.manual_seed(0)
     net = SupCEResNet('resnet_tiny', num_classes=3) if script == 'ce' else SupConResNet('resnet_tiny')
     # BatchNorm in eval mode: per-sample, so the only coupling between samples is the loss under test
@@ -64,15 +65,15 @@ def one_step(case, rank=0, world=1):
     views, labels, ids = [v[part] for v in views], labels[part], ids[part]
     out = {}
     if script == 'ce':
-        loss, stats = main_ce.ce_loss(opt, ddp_model, model, carrot, views[0], labels)
+        loss, stats = ce_loss(opt, ddp_model, model, carrot, views[0], labels)
     else:
-        criterion = main_supcon.build_criterion(opt, range(200))
-        for _ in range(2 if opt.method == 'RASCAL' else 1):
+        method = get_method(opt.method)
+        criterion = method.build(opt, 200)
+        for _ in range(2 if method.uses_ids else 1):
             model.zero_grad()
-            loss, stats = main_supcon.contrastive_loss(opt, ddp_model, model, criterion, carrot,
-                                                       views, labels, ids)
+            loss, stats = contrastive_loss(opt, method, ddp_model, model, criterion, carrot, views, labels, ids)
             loss.backward()
-        if opt.method == 'RASCAL':
+        if method.uses_ids:
             out['cache'] = criterion.cache_feat.clone()
             out['cache_valid'] = criterion.cache_valid.clone()
     if script == 'ce':
@@ -143,6 +144,7 @@ def torchrun(script, *args, check=True):
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('method', ['SupCon', 'RASCAL'])
 def test_torchrun_supcon_then_linear(tmp_path, method):
     out = torchrun('main_supcon.py', '--dataset', 'digits', '--method', method, '--epochs', 1,
@@ -167,6 +169,7 @@ def test_torchrun_supcon_then_linear(tmp_path, method):
     assert 10 < results['final_test_acc'] <= 100
 
 
+@pytest.mark.slow
 def test_torchrun_bad_input(tmp_path):
     for args, words in [(['--batch_size', 127], '--batch_size 127'), (['--syncBN'], '--syncBN needs CUDA')]:
         proc = torchrun('main_supcon.py', *args, '--epochs', 1, '--num_workers', 0, '--device', 'cpu',

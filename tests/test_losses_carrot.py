@@ -1,4 +1,4 @@
-"""CARROT against a plain reference written from ../shared/spec/CARROT.md."""
+"""CARROT against a plain reference written from docs/CARROT.md."""
 import numpy as np
 import pytest
 import torch
@@ -6,7 +6,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from losses import SupConLoss
-from losses_carrot import CARROT, carrot_rows, grad_balanced_total_loss, pair_quantiles
+from losses import flatten_views
+from losses_carrot import CARROT, grad_balanced_total_loss, pair_quantiles
 
 
 def reference_carrot(h, y, q_hi=0.9, q_lo=0.1):
@@ -26,6 +27,12 @@ def reference_carrot(h, y, q_hi=0.9, q_lo=0.1):
     return torch.stack(terms).mean(), float(L), float(U)
 
 
+def carrot(h, y, *qs):
+    """``(R, statistics)`` of one call (the loss reports its statistics in ``last_stats``)."""
+    module = CARROT(*qs)
+    return module(h, y), module.last_stats
+
+
 def rand(n, d, seed=0, dtype=torch.float64):
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
@@ -36,7 +43,7 @@ def test_matches_reference(seed, qs):
     h = rand(14, 6, seed)
     y = torch.randint(0, 3, (14,), generator=torch.Generator().manual_seed(seed))
     x1, x2 = h.clone().requires_grad_(True), h.clone().requires_grad_(True)
-    reg, stats = CARROT(*qs)(x1, y)
+    reg, stats = carrot(x1, y, *qs)
     want, L, U = reference_carrot(x2, y, *qs)
     torch.testing.assert_close(reg.double(), want, rtol=1e-5, atol=1e-7)
     assert float(stats['L']) == pytest.approx(L, rel=1e-5) and float(stats['U']) == pytest.approx(U, rel=1e-5)
@@ -48,7 +55,7 @@ def test_matches_reference(seed, qs):
 def test_ties_quantized():
     h = torch.tensor([[1., 0], [1, 0], [0, 1], [0, 1], [1, 1], [1, -1], [-1, 0], [1, 0]])
     y = torch.tensor([0, 1, 0, 1, 2, 2, 0, 1])
-    reg, stats = CARROT()(h.double(), y)
+    reg, stats = carrot(h.double(), y)
     want, L, U = reference_carrot(h, y)
     torch.testing.assert_close(reg.double(), want.double(), rtol=1e-5, atol=1e-7)
     assert float(stats['L']) == pytest.approx(L, abs=1e-6) and float(stats['U']) == pytest.approx(U, abs=1e-6)
@@ -74,7 +81,7 @@ def test_large_batch_beyond_torch_quantile():
     got = pair_quantiles(S, neg, (0.9, 0.1))
     want = np.quantile(S[neg].double().numpy(), [0.9, 0.1])
     np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-6)
-    reg, stats = CARROT()(z, y)
+    reg, stats = carrot(z, y)
     assert torch.isfinite(reg) and float(stats['L']) == pytest.approx(float(want[0]), rel=1e-5)
 
 
@@ -83,7 +90,7 @@ def test_degenerate_batches(case):
     y = {'one_class': torch.zeros(6, dtype=torch.long), 'all_distinct': torch.arange(6),
          'B1': torch.tensor([3])}[case]
     h = rand(len(y), 5).requires_grad_(True)
-    reg, stats = CARROT()(h, y)
+    reg, stats = carrot(h, y)
     assert reg.item() == 0.0 and all(torch.isfinite(v) for v in stats.values())
     base = h.pow(2).sum()
     total, alpha = grad_balanced_total_loss(base, reg, h)
@@ -107,11 +114,11 @@ def base_loss(head, h, y):
 
 def test_alpha_is_ratio_of_gradient_norms_and_gradients_are_right():
     head, h, y = _setup()
-    reg, _ = CARROT(0.75, 0.25)(h, y)
+    reg, _ = carrot(h, y, 0.75, 0.25)
     base = base_loss(head, h, y)
     (gb,) = torch.autograd.grad(base, h, retain_graph=True)
     (gr,) = torch.autograd.grad(reg, h, retain_graph=True)
-    total, alpha = grad_balanced_total_loss(base, reg, h, params=head.parameters())
+    total, alpha = grad_balanced_total_loss(base, reg, h, params=head.parameters(), alpha_max=None)
     assert float(gr.norm()) > 0
     assert float(alpha) == pytest.approx(float(gb.norm() / (gr.norm() + 1e-12)), rel=1e-6)
     torch.testing.assert_close(total, base.detach() + alpha * reg.detach())
@@ -120,7 +127,7 @@ def test_alpha_is_ratio_of_gradient_norms_and_gradients_are_right():
     # the same with a plain backward of base + alpha * reg (alpha a constant)
     head2, h2, _ = _setup()
     head2.load_state_dict(head.state_dict())
-    reg2, _ = CARROT(0.75, 0.25)(h2, y)
+    reg2, _ = carrot(h2, y, 0.75, 0.25)
     (base_loss(head2, h2, y) + alpha * reg2).backward()
     want = [h2.grad] + [p.grad for p in head2.parameters()]
     for a, b in zip(got, want):   # CARROT's similarities are float32: float32 tolerance
@@ -136,40 +143,40 @@ def test_alpha_zero_inside_corridor_and_options():
         h[2 * c + 1, 2 * c:2 * c + 2] = torch.tensor([1.0, -0.5])
     h.requires_grad_(True)
     y = torch.tensor([0, 0, 1, 1, 2, 2])
-    reg, stats = CARROT()(h, y)
+    reg, stats = carrot(h, y)
     assert float(stats['L']) == 0 and float(stats['U']) == pytest.approx(0.999) and float(reg.detach()) == 0
     assert float(stats['frac_pos_above_U']) == 0 and float(stats['frac_pos_below_L']) == 0
     _, alpha = grad_balanced_total_loss(h.pow(2).sum(), reg, h)
     assert float(alpha) == 0.0
     head, h, y = _setup(1)
-    reg, _ = CARROT(0.75, 0.25)(h, y)
+    reg, _ = carrot(h, y, 0.75, 0.25)
     _, fixed = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), weight=0.3)
     assert float(fixed) == pytest.approx(0.3)
-    reg, _ = CARROT(0.75, 0.25)(h, y)
+    reg, _ = carrot(h, y, 0.75, 0.25)
     _, capped = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), alpha_max=1e-6)
     assert float(capped) == pytest.approx(1e-6)
 
 
 def test_bf16_autocast_similarities_in_float32():
     h, y = rand(12, 8, 3, dtype=torch.float32), torch.arange(12) % 3
-    want, _ = CARROT(0.75, 0.25)(h, y)
+    want, _ = carrot(h, y, 0.75, 0.25)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        got, stats = CARROT(0.75, 0.25)(h.bfloat16(), y)
-        same, _ = CARROT(0.75, 0.25)(h, y)
+        got, stats = carrot(h.bfloat16(), y, 0.75, 0.25)
+        same, _ = carrot(h, y, 0.75, 0.25)
     assert got.dtype == torch.float32 and stats['L'].dtype == torch.float32
     torch.testing.assert_close(same, want, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(got, want, rtol=0.1, atol=1e-3)
 
 
 def test_multiview_label_order():
-    """carrot_rows flattens [B, V, D] view-major and repeats labels to match; the other order differs."""
+    """flatten_views flattens [B, V, D] view-major and labels.repeat(V) matches it; the other order differs."""
     feats = torch.randn(5, 2, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     labels = torch.tensor([0, 0, 1, 1, 2])
-    h, y = carrot_rows(feats, labels)
+    h, y = flatten_views(feats)[0], labels.repeat(2)
     rows = [feats[b, v] for v in range(2) for b in range(5)]
     assert torch.equal(h, torch.stack(rows)) and y.tolist() == [0, 0, 1, 1, 2] * 2
-    good, _ = CARROT(0.75, 0.25)(h, y)
-    wrong, _ = CARROT(0.75, 0.25)(h, labels.repeat_interleave(2))
+    good, _ = carrot(h, y, 0.75, 0.25)
+    wrong, _ = carrot(h, labels.repeat_interleave(2), 0.75, 0.25)
     want, _, _ = reference_carrot(torch.stack(rows), [int(labels[b]) for v in range(2) for b in range(5)], 0.75, 0.25)
     torch.testing.assert_close(good.double(), want, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(good, wrong)
@@ -182,3 +189,23 @@ def test_bad_arguments():
         CARROT()(torch.randn(2, 2, 3), torch.zeros(2))
     with pytest.raises(ValueError, match='labels'):
         CARROT()(torch.randn(4, 3), torch.zeros(3))
+
+
+@pytest.mark.parametrize('alpha_max', [1.0, float('inf'), None])
+def test_cap_on_the_balanced_ratio(alpha_max):
+    """The default cap 1 and no cap (inf or None) against the reference ratio; a fixed weight is not capped."""
+    for seed, scale in [(0, 1.0), (1, 1.0), (2, 0.01), (3, 0.01)]:     # ratios about 10 and about 0.1
+        head, h, y = _setup(seed)
+        reg, _ = carrot(h, y, 0.75, 0.25)
+        base = scale * base_loss(head, h, y)
+        (gb,) = torch.autograd.grad(base, h, retain_graph=True)
+        (gr,) = torch.autograd.grad(reg, h, retain_graph=True)
+        ratio = float(gb.norm() / (gr.norm() + 1e-12))
+        kw = {} if alpha_max == 1.0 else {'alpha_max': alpha_max}      # 1 is the default
+        _, alpha = grad_balanced_total_loss(base, reg, h, params=head.parameters(), **kw)
+        want = min(ratio, alpha_max) if alpha_max is not None else ratio
+        assert float(alpha) == pytest.approx(want, rel=1e-6)
+    head, h, y = _setup(0)
+    reg, _ = carrot(h, y, 0.75, 0.25)
+    _, fixed = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), weight=5.0)
+    assert float(fixed) == 5.0

@@ -1,10 +1,11 @@
-"""RASCALLoss against a per-row reference written from ../shared/spec/RASCAL.md."""
+"""RASCALLoss against a per-row reference written from docs/RASCAL.md."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import unit
 from losses import SupConLoss
 from losses_rascal import RASCALLoss, fractional_rank_desc
 
@@ -65,10 +66,6 @@ def reference_rascal(features, labels, sample_idx, cache_feat, cache_valid, tau=
 
 
 # ------------------------------------------------------------------ helpers
-def unit(*shape, seed=0, dtype=torch.float64):
-    return F.normalize(torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype), dim=-1)
-
-
 def quantized(*shape, seed=0, nonzeros=4):
     """Unit vectors with `nonzeros` entries of +-0.5: exact dot products, many ties."""
     g = torch.Generator().manual_seed(seed)
@@ -241,7 +238,7 @@ def test_statistics_on_hand_built_batch():
     assert s['rank_drift_mean'] == pytest.approx(5 / 12)
     assert s['rank_drift_std'] == pytest.approx(drifts.std(correction=0).item())
     assert s['w_entropy'] == pytest.approx((2 * ent([.25, .25, .5]) + 2 * ent([1 / 6, 2 / 3, 1 / 6])) / 4)
-    assert int(crit.last_drift_hist.sum()) == 12
+    assert int(crit.last_hists['rank_drift'].sum()) == 12
 
 
 def test_fractional_rank_helper():

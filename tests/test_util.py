@@ -1,4 +1,4 @@
-"""SupContrast's learning-rate schedule, RNG state round trip, option parsing."""
+"""util.py: SupContrast's learning-rate schedule and the RNG state round trip."""
 import math
 import random
 from types import SimpleNamespace
@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from options import parse_option
-from util import (UserError, get_rng_state, lr_at_epoch, set_rng_state, warmup_learning_rate, warmup_target)
+from util import get_rng_state, lr_at_epoch, set_rng_state, warmup_learning_rate, warmup_target
 
 
 def sched(**kw):
@@ -43,39 +42,8 @@ def test_warmup_per_iteration():
     assert optim.param_groups[0]['lr'] == pytest.approx(warmup_target(opt))
 
 
-def test_large_batch_forces_warmup_and_names_run():
-    opt = parse_option('supcon', ['--batch_size', '512', '--cosine', '--trial', '7', '--device', 'cpu'])
-    assert opt.warm and opt.run_folder.endswith('bsz_512_temp_0.07_trial_7_cosine_warm')
-    assert opt.model == 'resnet_tiny' and opt.size == 16
-
-
 def test_rng_state_round_trip():
     state = get_rng_state()
     a = (random.random(), np.random.rand(), torch.rand(1).item())
     set_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
-
-
-def test_bad_options_raise_user_error():
-    with pytest.raises(UserError, match='--epochs'):
-        parse_option('ce', ['--epochs', '0'])
-    with pytest.raises(UserError, match='--val_split'):
-        parse_option('linear', ['--ckpt', 'x.pth', '--val_split', '1.5'])
-
-
-def test_optimizer_and_schedule_flags_reach_the_optimizer():
-    from util import adjust_learning_rate, set_optimizer
-    opt = parse_option('ce', ['--momentum', '0.8', '--weight_decay', '0.001', '--learning_rate', '0.4',
-                              '--lr_decay_epochs', '2,4', '--lr_decay_rate', '0.5', '--device', 'cpu'])
-    optim = set_optimizer(opt, [torch.zeros(1, requires_grad=True)])
-    group = optim.param_groups[0]
-    assert group['momentum'] == 0.8 and group['weight_decay'] == 0.001
-    adjust_learning_rate(opt, optim, 5)
-    assert group['lr'] == pytest.approx(0.4 * 0.5 ** 2)
-
-
-def test_carrot_quantile_flags_parse():
-    opt = parse_option('supcon', ['--carrot', '--carrot_q_hi', '0.8', '--carrot_q_lo', '0.2', '--device', 'cpu'])
-    assert (opt.carrot_q_hi, opt.carrot_q_lo, opt.carrot_on) == (0.8, 0.2, 'encoder')
-    with pytest.raises(UserError, match='--carrot_q_hi'):
-        parse_option('ce', ['--carrot', '--carrot_q_hi', '1.5', '--device', 'cpu'])

@@ -1,0 +1,157 @@
+"""The contrastive methods of ``main_supcon.py``: one registry entry per ``--method``.
+
+A method is a loss (a :class:`losses.Loss` in a file of its own) plus one :class:`Method` entry that
+tells the rest of the code what the loss needs: its flags and their checks, whether it takes class
+labels and dataset indices, and how runs are named. The training loop reads everything else from the
+loss itself: its statistics from ``last_stats`` / ``last_hists``, and its state from its
+``state_dict()`` (persistent buffers, such as RASCAL's cache), which travels in checkpoints whenever
+it is not empty. ``main_supcon.py`` never branches on a method's name.
+
+Adding a method (README, "Adding a method")::
+
+    from methods import Method, register
+    register(Method('MyLoss', build=lambda opt, num_samples: MyLoss(opt.temp),
+                    flags={'--my_weight': dict(type=float, default=0.5, help='...')}))
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
+from losses_rascal import WEIGHTINGS, RASCALLoss
+from util import UserError
+
+
+@dataclass(frozen=True)
+class Method:
+    """What ``main_supcon.py`` needs to know about one ``--method``.
+
+    Attributes:
+        name: the ``--method`` value.
+        build: ``build(opt, num_samples) -> Loss``. The loss is called as ``loss(features, labels)``
+            or, with ``uses_ids``, ``loss(features, labels, ids)``: ``features`` ``[B, V, D]`` unit
+            projections, ``labels`` ``[B]`` (``None`` without ``uses_labels``), ``ids`` ``[B]`` dataset
+            indices. Under torchrun all three are the global batch.
+        help: one line for ``--help``.
+        uses_labels: the loss takes class labels (SimCLR does not; ``--carrot`` needs them).
+        uses_ids: the loss takes dataset indices (the training set is wrapped in ``IndexedDataset``).
+        flags: the method's own flags, ``{'--flag': argparse keywords}``. Their ``default`` applies
+            when the method is chosen; given with another method, such a flag is a one-line error.
+            Methods may share a flag (same keywords).
+        check: ``check(opt)`` after the defaults are filled: raise :class:`util.UserError` on a bad
+            combination, fill values that depend on other flags.
+        run_name: ``run_name(opt) -> (method part, scale part)`` of the run folder's name
+            (default: ``(name, 'temp_<--temp>')``).
+        stats_prefix: the loss's statistics are logged as ``train/<stats_prefix><name>``.
+    """
+    name: str
+    build: Callable
+    help: str = ''
+    uses_labels: bool = True
+    uses_ids: bool = False
+    flags: dict = field(default_factory=dict)
+    check: Optional[Callable] = None
+    run_name: Optional[Callable] = None
+    stats_prefix: str = ''
+
+    def name_parts(self, opt):
+        return self.run_name(opt) if self.run_name else (self.name, f'temp_{opt.temp}')
+
+
+METHODS = {}
+
+
+def register(method):
+    """Add ``method`` to the registry (``--method`` choices); a name may be registered once."""
+    if method.name in METHODS:
+        raise ValueError(f'method {method.name!r} is registered already')
+    for flag, kwargs in method.flags.items():
+        for other in METHODS.values():
+            if flag in other.flags and other.flags[flag] != kwargs:
+                raise ValueError(f'{flag} of {method.name} differs from {other.name}\'s')
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name):
+    return METHODS[name]
+
+
+def method_flags():
+    """``{'--flag': (argparse keywords, [names of the methods that own it])}`` over the registry."""
+    out = {}
+    for method in METHODS.values():
+        for flag, kwargs in method.flags.items():
+            out.setdefault(flag, (kwargs, []))[1].append(method.name)
+    return out
+
+
+def apply_method_flags(opt):
+    """Fill the chosen method's flag defaults; a flag of another method is a one-line error."""
+    method = get_method(opt.method)
+    for flag, (kwargs, owners) in method_flags().items():
+        dest = flag.lstrip('-')
+        if opt.method in owners:
+            if getattr(opt, dest) is None:
+                setattr(opt, dest, kwargs.get('default'))
+        elif getattr(opt, dest) is not None:
+            raise UserError(f'{flag} needs --method {" or ".join(owners)} (got --method {opt.method})')
+    if method.check is not None:
+        method.check(opt)
+
+
+# ---------------------------------------------------------------- SupCon and SimCLR (and their loss family)
+SIMCLR_FAMILY_FLAGS = {
+    '--simclr_loss': dict(choices=['ntxent', 'ntlogistic', 'margin_triplet'], default='ntxent',
+                          help='contrastive loss of SupCon/SimCLR: NT-Xent (SupConLoss, default), NT-Logistic, '
+                               'or Marginal Triplet; with SupCon, same-class samples are positives'),
+    '--margin': dict(type=float, default=None, help='margin of margin_triplet (default 1.0)'),
+}
+
+
+def _check_simclr_family(opt):
+    if opt.margin is not None and opt.simclr_loss != 'margin_triplet':
+        raise UserError('--margin needs --simclr_loss margin_triplet')
+    if opt.simclr_loss == 'margin_triplet':
+        opt.margin = 1.0 if opt.margin is None else opt.margin
+        if not opt.margin >= 0:
+            raise UserError(f'--margin must be >= 0, got {opt.margin}')
+
+
+def _build_simclr_family(opt, num_samples):
+    if opt.simclr_loss == 'ntlogistic':
+        return NTLogisticLoss(temperature=opt.temp)
+    if opt.simclr_loss == 'margin_triplet':
+        return MarginalTripletLoss(margin=opt.margin)
+    return SupConLoss(temperature=opt.temp)
+
+
+def _simclr_family_name(opt):
+    method = opt.method + ('' if opt.simclr_loss == 'ntxent' else f'-{opt.simclr_loss}')
+    return method, (f'margin_{opt.margin}' if opt.simclr_loss == 'margin_triplet' else f'temp_{opt.temp}')
+
+
+register(Method('SupCon', _build_simclr_family, help='supervised contrastive (Khosla et al. 2020)',
+                flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family, run_name=_simclr_family_name))
+register(Method('SimCLR', _build_simclr_family, help='self-supervised (Chen et al. 2020): no labels',
+                uses_labels=False, flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family,
+                run_name=_simclr_family_name))
+
+
+# ---------------------------------------------------------------- RASCAL
+def _build_rascal(opt, num_samples):
+    # the cache is sized by the dataset and the head; it travels in checkpoints
+    return RASCALLoss(num_samples, opt.feat_dim, temperature=opt.temp, base_temperature=opt.temp,
+                      weighting=opt.rascal_weighting, persistent_cache=True)
+
+
+def _rascal_name(opt):
+    suffix = '' if opt.rascal_weighting == 'agreement' else f'-{opt.rascal_weighting}'
+    return f'RASCAL{suffix}', f'temp_{opt.temp}'
+
+
+register(Method('RASCAL', _build_rascal, help='rank-agreement weighted SupCon (docs/RASCAL.md)', uses_ids=True,
+                flags={'--rascal_weighting': dict(choices=list(WEIGHTINGS), default='agreement',
+                                                  help='RASCAL positive weights (default agreement; '
+                                                       'current/uniform are ablations)')},
+                run_name=_rascal_name, stats_prefix='rascal/'))
+

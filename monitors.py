@@ -1,0 +1,82 @@
+"""Collapse monitors: cheap statistics of features a step has already computed, the effective rank of
+a whole split's features, and the run-time warning when a representation has collapsed.
+
+- :func:`collapse_statistics` (per step, every method): ``z_std``, the per-dimension standard deviation
+  of the L2-normalized rows averaged over dimensions (lightly's ``std_of_l2_normalized``): about
+  ``1/sqrt(D)`` when the rows are spread over the sphere, 0 when they all point the same way; and
+  ``cos``, the mean cosine similarity over the ordered pairs ``i != j`` (1 when collapsed).
+- :func:`rankme` (at evaluation): the effective rank of a feature matrix (Garrido et al. 2023).
+- :class:`CollapseWatch`: a one-time warning when the epoch means say the run has collapsed.
+
+These are relative signals: SupCon's optimum puts each class on one point, so the features of a
+well-trained C-class encoder have rank at most C - 1 and a ``z_std`` well below ``1/sqrt(D)``. Compare a
+run with its own first epoch and with other runs, not with the isotropic value.
+"""
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def collapse_statistics(h, name):
+    """``{'collapse/z_std_<name>', 'collapse/cos_<name>'}`` of the rows of ``h`` ``[n, D]`` as 0-d
+    float32 tensors (no host sync). ``cos`` is ``(||sum_i z_i||^2 - n) / (n (n - 1))``: no n x n matrix."""
+    z = F.normalize(h.detach().float().reshape(h.shape[0], -1), dim=1)
+    n = z.shape[0]
+    if n < 2:
+        zero = z.new_zeros(())
+        return {f'collapse/z_std_{name}': zero, f'collapse/cos_{name}': zero}
+    total = z.sum(0)
+    return {f'collapse/z_std_{name}': z.std(dim=0).mean(),
+            f'collapse/cos_{name}': ((total @ total) - n) / (n * (n - 1))}
+
+
+@torch.no_grad()
+def rankme(features, eps=1e-7):
+    """Effective rank ``exp(-sum_k p_k log p_k)`` with ``p_k = s_k / sum(s) + eps`` over the singular
+    values ``s`` of ``features`` ``[N, D]`` (RankMe, Garrido et al. 2023). Between 1 and ``min(N, D)``."""
+    s = torch.linalg.svdvals(features.double())
+    p = s / s.sum().clamp(min=1e-300) + eps
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+class CollapseWatch:
+    """Says once per run that the representation has collapsed, from the epoch means of training.
+
+    Fires on the first epoch where ``train/collapse/z_std_enc`` is below ``z_std_ratio`` times its
+    first-epoch value, or where ``train/carrot/L`` (CARROT's lower wall, the 90 % quantile of the
+    negative similarities) is above ``carrot_l_max``. The thresholds and how they were chosen from
+    healthy and collapsed runs: README, "Collapse monitors". Its state travels in checkpoints.
+    """
+
+    def __init__(self, z_std_ratio=0.1, carrot_l_max=0.99):
+        self.z_std_ratio, self.carrot_l_max = z_std_ratio, carrot_l_max
+        self.first_z_std, self.warned = None, False
+
+    def check(self, epoch, metrics):
+        """The warning (one line) the first time the epoch's ``metrics`` say collapse; ``None`` otherwise."""
+        z_std = metrics.get('train/collapse/z_std_enc')
+        if z_std is not None and self.first_z_std is None:
+            self.first_z_std = z_std
+        if self.warned:
+            return None
+        message = None
+        carrot_l = metrics.get('train/carrot/L')
+        if z_std is not None and self.first_z_std and z_std < self.z_std_ratio * self.first_z_std:
+            message = (f'collapse/z_std_enc is {z_std:.4g}, below {self.z_std_ratio:g} x its first-epoch value '
+                       f'{self.first_z_std:.4g}')
+        elif carrot_l is not None and carrot_l > self.carrot_l_max:
+            message = (f'carrot/L is {carrot_l:.4f} (> {self.carrot_l_max:g}): the negatives themselves are '
+                       'near-identical')
+        if message is None:
+            return None
+        self.warned = True
+        hint = ('with --carrot, keep the default --carrot_alpha_max 1 (or lower it) or use --carrot_weight; '
+                if carrot_l is not None else '')
+        return (f'warning: the representation looks collapsed at epoch {epoch}: {message}; {hint}'
+                'try a lower --learning_rate or a higher --temp')
+
+    def state_dict(self):
+        return {'first_z_std': self.first_z_std, 'warned': self.warned}
+
+    def load_state_dict(self, state):
+        self.first_z_std, self.warned = state['first_z_std'], state['warned']

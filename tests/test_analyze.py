@@ -1,0 +1,34 @@
+"""analyze.py: kappa_hat against known concentrations, and the plots and summary of a real run."""
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import run_script
+
+
+@pytest.mark.parametrize('kappa,dim', [(20.0, 16), (200.0, 64)])
+def test_kappa_hat_recovers_a_known_concentration(kappa, dim):
+    from scipy.stats import vonmises_fisher
+    from analyze import kappa_hat
+    mu = np.zeros(dim)
+    mu[0] = 1.0
+    x = vonmises_fisher(mu, kappa).rvs(5000, random_state=np.random.default_rng(0))
+    est = kappa_hat(torch.from_numpy(x), torch.zeros(5000, dtype=torch.long))[0]
+    assert abs(est - kappa) / kappa < 0.1, est
+    assert kappa_hat(torch.ones(3, 4) / 2, torch.zeros(3, dtype=torch.long))[0] == math.inf
+
+
+@pytest.mark.slow
+def test_analyze_writes_plots_and_summary(coarse_rascal_run, tmp_path):
+    out = run_script('analyze.py', '--ckpt', os.path.join(coarse_rascal_run, 'last.pth'), '--out', tmp_path / 'a',
+                     '--max_points', 200)
+    assert 'analysis written' in out.stdout
+    files = set(os.listdir(tmp_path / 'a'))
+    assert {'kappa.png', 'kappa_coarse.png', 'tsne.png', 'curves.png', 'rank_drift.png', 'summary.md'} <= files
+    for name in files - {'summary.md'}:
+        assert (tmp_path / 'a' / name).read_bytes()[:4] == b'\x89PNG'
+    summary = (tmp_path / 'a' / 'summary.md').read_text()
+    assert 'kappa_hat' in summary and '| fine | 10 |' in summary and '| coarse | 5 |' in summary

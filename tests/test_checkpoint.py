@@ -1,0 +1,53 @@
+"""checkpoint.py through the scripts: corrupt, truncated and mismatched checkpoints are one-line errors;
+checkpoints of the original SupContrast and of torch.compile load."""
+import argparse
+
+import pytest
+import torch
+
+from helpers import FAST, assert_one_line_error, run_script
+
+pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
+
+
+def test_corrupt_checkpoints(tmp_path):
+    garbage = tmp_path / 'garbage.pth'
+    garbage.write_bytes(b'not a checkpoint at all')
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', garbage, check=False), 'cannot read')
+    assert_one_line_error(run_script('main_supcon.py', '--resume', garbage, check=False), 'cannot read')
+    truncated = tmp_path / 'trunc.pth'
+    torch.save({'model': {'w': torch.zeros(1000)}}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', truncated, check=False), 'cannot read')
+
+
+def test_checkpoint_model_mismatch(tiny_ckpt, tmp_path):
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', tiny_ckpt, '--model', 'resnet18',
+                                     '--save_folder', tmp_path, check=False), 'resnet_tiny', 'resnet18')
+    assert_one_line_error(run_script('main_supcon.py', '--resume', tiny_ckpt, '--model', 'resnet18',
+                                     check=False), 'resnet18')
+    # no config to compare: the weights themselves do not fit
+    ckpt = torch.load(tiny_ckpt, weights_only=True)
+    bare = tmp_path / 'bare.pth'
+    torch.save({'model': ckpt['model']}, bare)
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', bare, '--model', 'resnet18',
+                                     '--save_folder', tmp_path, check=False), 'does not match')
+
+
+def test_resume_with_another_script(tiny_ckpt, tmp_path):
+    assert_one_line_error(run_script('main_ce.py', '--resume', tiny_ckpt, check=False), 'main_supcon.py')
+
+
+def test_original_supcontrast_and_compiled_checkpoints(tiny_ckpt, tmp_path):
+    """SupContrast pickles an argparse.Namespace and wraps the encoder in DataParallel."""
+    ckpt = torch.load(tiny_ckpt, weights_only=True)
+    legacy = {'opt': argparse.Namespace(model='resnet_tiny', dataset='digits', batch_size=128),
+              'model': {k.replace('encoder.', 'encoder.module.', 1): v for k, v in ckpt['model'].items()},
+              'optimizer': ckpt['optimizer'], 'epoch': 1}
+    torch.save(legacy, tmp_path / 'legacy.pth')
+    compiled = {'model': {'_orig_mod.' + k: v for k, v in ckpt['model'].items()}, 'epoch': 1}
+    torch.save(compiled, tmp_path / 'compiled.pth')
+    for name in ('legacy.pth', 'compiled.pth'):
+        out = run_script('main_linear.py', '--ckpt', tmp_path / name, '--epochs', 1,
+                         '--save_folder', tmp_path / name.split('.')[0], *FAST)
+        assert 'final test top-1' in out.stdout

@@ -1,0 +1,103 @@
+"""data.py: long-tailed subsets, coarse labels, and the dataset table through the real scripts
+(generated CIFAR files and ImageFolder trees)."""
+import argparse
+import os
+
+import numpy as np
+import pytest
+
+from helpers import FAST, assert_one_line_error, make_fake_cifar, make_image_folder, only_run_folder, run_script
+
+
+def _opt(tmp_path, dataset, **kw):
+    return argparse.Namespace(dataset=dataset, data_folder=str(tmp_path), size=32, imb_factor=0.1,
+                              label_granularity='fine', **kw)
+
+
+def test_long_tail_counts_follow_the_exponential_profile(tmp_path):
+    from data import build_dataset, class_counts, long_tail_counts
+    make_fake_cifar(tmp_path, n_train=1000, n_test=100)        # 100 training images per class
+    lt = build_dataset(_opt(tmp_path, 'cifar10_lt'), True, None)
+    want = [int(100 * 0.1 ** (c / 9)) for c in range(10)]
+    assert class_counts(lt) == want == long_tail_counts(100, 10, 0.1)
+    assert want[0] == 100 and want[-1] == 10
+    assert class_counts(build_dataset(_opt(tmp_path, 'cifar10_lt'), False, None)) == [10] * 10   # balanced test
+    again = build_dataset(_opt(tmp_path, 'cifar10_lt'), True, None)
+    assert again.indices == lt.indices                                    # a fixed subset
+
+
+def test_cifar100_coarse_mapping_on_a_fake_file(tmp_path):
+    from data import CIFAR100_COARSE, build_dataset, num_classes
+    make_fake_cifar(tmp_path, hundred=True, n_classes=100, n_train=300, n_test=100)
+    assert sorted(set(CIFAR100_COARSE)) == list(range(20))
+    assert np.bincount(CIFAR100_COARSE).tolist() == [5] * 20
+    assert CIFAR100_COARSE[:5] == [4, 1, 14, 8, 0]          # apple, aquarium_fish, baby, bear, beaver
+    fine = build_dataset(_opt(tmp_path, 'cifar100'), True, None)
+    coarse = build_dataset(_opt(tmp_path, 'cifar100'), True, None, 'coarse')
+    assert num_classes(fine) == 100 and num_classes(coarse) == 20 and coarse.classes[0] == 'aquatic_mammals'
+    assert coarse.targets == [CIFAR100_COARSE[y] for y in fine.targets] and coarse.fine_targets == fine.targets
+    assert coarse[7][1] == CIFAR100_COARSE[fine[7][1]]
+
+
+def test_digits_coarse_grouping():
+    from data import DIGITS_COARSE, Digits, build_dataset
+    assert np.bincount(DIGITS_COARSE).tolist() == [2] * 5
+    opt = argparse.Namespace(dataset='digits', size=16, label_granularity='coarse')
+    coarse = build_dataset(opt, True, None)
+    assert coarse.targets == [DIGITS_COARSE[y] for y in Digits(True).targets]
+    with pytest.raises(Exception, match='coarse labels'):
+        build_dataset(argparse.Namespace(dataset='cifar10', size=32, data_folder='/none'), True, None, 'coarse')
+
+
+@pytest.mark.slow
+def test_fake_cifar10_and_cifar100(tmp_path):
+    data = make_fake_cifar(tmp_path / 'data')
+    run_script('main_ce.py', '--dataset', 'cifar10', '--data_folder', data, '--model', 'resnet_tiny',
+               '--epochs', 1, '--save_folder', tmp_path / 'c10', *FAST)
+    make_fake_cifar(tmp_path / 'data', hundred=True, n_classes=100, n_train=200, n_test=100)
+    run_script('main_supcon.py', '--dataset', 'cifar100', '--data_folder', data, '--model', 'resnet_tiny',
+               '--epochs', 1, '--save_folder', tmp_path / 'c100', *FAST)
+
+
+@pytest.mark.slow
+def test_image_folder_all_three_scripts(tmp_path):
+    data = make_image_folder(tmp_path / 'imgs')
+    common = ['--dataset', 'path', '--data_folder', data, '--mean', '(0.5, 0.5, 0.5)', '--std', '0.25',
+              '--size', 12, '--model', 'resnet_tiny', '--epochs', 1, *FAST]
+    run_script('main_supcon.py', *common, '--save_folder', tmp_path / 'pre')
+    run_script('main_ce.py', *common, '--save_folder', tmp_path / 'ce')
+    ckpt = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    run_script('main_linear.py', *common, '--ckpt', ckpt, '--save_folder', tmp_path / 'lin')
+
+
+@pytest.mark.slow
+def test_image_folder_with_mismatched_classes(tmp_path):
+    data = make_image_folder(tmp_path / 'imgs')
+    os.rename(data / 'val' / 'c', data / 'val' / 'd')
+    proc = run_script('main_ce.py', '--dataset', 'path', '--data_folder', data, '--mean', '0.5', '--std', '0.5',
+                      '--model', 'resnet_tiny', '--save_folder', tmp_path, *FAST, check=False)
+    assert_one_line_error(proc, 'class folders')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', [0, 2])
+def test_unreadable_image_is_a_one_line_error(tmp_path, workers):
+    data = make_image_folder(tmp_path / 'imgs')
+    bad = data / 'train' / 'b' / '3.png'
+    bad.write_bytes(b'this is not a PNG file')
+    args = ['--dataset', 'path', '--data_folder', data, '--mean', '0.5', '--std', '0.5', '--size', 12,
+            '--model', 'resnet_tiny', '--epochs', 1, '--batch_size', 4, '--print_freq', 1000]
+    proc = run_script('main_supcon.py', *args, '--num_workers', workers, '--save_folder', tmp_path / 'runs',
+                      check=False)
+    assert_one_line_error(proc, f'cannot read image {bad}', 'remove or replace')
+
+
+def test_load_image_reads_rgb_and_names_a_bad_file(tmp_path):
+    from data import load_image
+    from util import UserError
+    good = make_image_folder(tmp_path / 'imgs') / 'val' / 'a' / '0.png'
+    assert load_image(str(good)).mode == 'RGB'
+    bad = tmp_path / 'bad.png'
+    bad.write_bytes(b'\x89PNG truncated')
+    with pytest.raises(UserError, match='cannot read image .*bad.png'):
+        load_image(str(bad))

@@ -1,0 +1,127 @@
+"""engine.py: evaluation metrics (per-class accuracy, shot groups); the run set-up and the epoch loop through
+the real scripts: resume that refuses contradictions, run folders, interrupts, failing checkpoint writes."""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import FAST, ROOT, assert_one_line_error, load, only_run_folder, run_script
+
+
+def test_evaluate_shot_groups_and_per_class_accuracy():
+    from engine import evaluate
+    opt = argparse.Namespace(device=torch.device('cpu'), amp='none', channels_last=False)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 2, 2])
+    logits = F.one_hot(torch.tensor([0, 1, 1, 1, 0, 2, 2, 0]), 3).float() * 5   # class acc: 50, 100, 50 %
+    loader = [(logits[:5], labels[:5]), (logits[5:], labels[5:])]
+    out = evaluate(opt, loader, lambda x: x, 'test', 3, class_counts=[500, 50, 5])
+    assert out['test/per_class_acc'] == [50.0, 100.0, 50.0]
+    assert (out['test/many_acc'], out['test/medium_acc'], out['test/few_acc']) == (50.0, 100.0, 50.0)
+    assert out['test/acc'] == 62.5
+    assert 'test/few_acc' not in evaluate(opt, loader, lambda x: x, 'test', 3, class_counts=[500, 500, 50])
+
+
+# ---------------------------------------------------------------- runs that never lose work (through the scripts)
+def _digest(path):
+    import hashlib
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.slow
+def test_contradicting_resume_is_refused_and_leaves_the_run_untouched(tmp_path):
+    run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 1, '--save_folder', tmp_path, *FAST)
+    last = os.path.join(only_run_folder(tmp_path), 'last.pth')
+    before = _digest(last)
+    proc = run_script('main_supcon.py', '--method', 'SupCon', '--temp', 0.1, '--epochs', 2, '--resume', last,
+                      *FAST, check=False)
+    assert_one_line_error(proc, '--method', "'RASCAL', now 'SupCon'", '--temp', '0.07', '0.1')
+    assert _digest(last) == before and sorted(os.listdir(os.path.dirname(last))).count('last.pth') == 1
+    # flags that do not change the experiment may differ: a longer --epochs extends the run
+    out = run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 2, '--resume', last, '--print_freq', 5,
+                     '--save_freq', 7, '--num_workers', 0, '--batch_size', 128)
+    assert f'run folder: {os.path.dirname(last)}' in out.stdout and load(last)['epoch'] == 2
+
+
+@pytest.mark.slow
+def test_a_new_run_never_overwrites_an_existing_one(tmp_path):
+    run_script('main_ce.py', '--epochs', 1, '--save_folder', tmp_path, *FAST)
+    last = os.path.join(only_run_folder(tmp_path), 'last.pth')
+    before = _digest(last)
+    proc = run_script('main_ce.py', '--epochs', 1, '--save_folder', tmp_path, *FAST, check=False)
+    assert_one_line_error(proc, 'already holds a run', '--resume', '--trial')
+    assert _digest(last) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('folder', ['/proc/no_such_dir/runs', 'FILE'])
+def test_unwritable_save_folder_fails_before_any_data(tmp_path, folder):
+    if folder == 'FILE':
+        folder = tmp_path / 'a_file'
+        folder.write_text('not a folder')
+    start = time.time()
+    proc = run_script('main_supcon.py', '--save_folder', folder, '--dataset', 'cifar10', '--data_folder',
+                      tmp_path / 'none', check=False)     # CIFAR is absent: the folder must be checked first
+    assert_one_line_error(proc, 'run folder', str(folder), '--save_folder')
+    assert time.time() - start < 60
+
+
+@pytest.mark.slow
+def test_sigint_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
+    args = ['--epochs', 3, '--seed', 5, *FAST, '--batch_size', 64]
+    run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'a')
+    ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))['model']
+
+    cmd = [sys.executable, os.path.join(ROOT, 'main_supcon.py'), *map(str, args), '--save_folder', str(tmp_path / 'b')]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, last = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:
+        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path / 'b') if 'last.pth' in fs]
+        if found:                     # epoch 1 is saved: interrupt epoch 2 in the middle
+            time.sleep(1.0)
+            last = found[0]
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=120)
+    assert last is not None and proc.returncode == 130, err
+    assert err.strip().splitlines() == [f'main_supcon.py: interrupted; the last complete checkpoint is intact: '
+                                        f'continue with --resume {last}']
+    assert load(last)['epoch'] == 1 and not [f for f in os.listdir(os.path.dirname(last)) if f.startswith('.tmp')]
+    run_script('main_supcon.py', *args, '--resume', last)
+    resumed = load(last)['model']
+    for key in ref:
+        assert torch.equal(resumed[key], ref[key]), key
+
+
+SAVE_FAILS = '''
+import errno, runpy, sys
+import torch
+calls = {'n': 0}
+real_save = torch.save
+def save(*args, **kwargs):
+    calls['n'] += 1
+    if calls['n'] == 2:          # the second epoch's last.pth: the disk is full
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    return real_save(*args, **kwargs)
+torch.save = save
+sys.argv = ['main_supcon.py'] + sys.argv[1:]
+runpy.run_path('main_supcon.py', run_name='__main__')
+'''
+
+
+@pytest.mark.slow
+def test_a_failing_torch_save_keeps_the_previous_checkpoint(tmp_path):
+    proc = subprocess.run([sys.executable, '-c', SAVE_FAILS, '--epochs', 3, *map(str, FAST),
+                           '--save_folder', str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert_one_line_error(proc, 'cannot write checkpoint', 'No space left on device', 'previous one is intact')
+    run = only_run_folder(tmp_path)
+    assert load(os.path.join(run, 'last.pth'))['epoch'] == 1
+    assert os.listdir(run).count('last.pth') == 1 and not [f for f in os.listdir(run) if f.startswith('.tmp')]

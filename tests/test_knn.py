@@ -1,0 +1,37 @@
+"""knn.py: the weighted kNN classifier against a brute-force loop, and the --knn_every monitor."""
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import FAST, only_run_folder, read_metrics, run_script
+
+
+def test_knn_predict_matches_brute_force():
+    from knn import knn_predict
+    g = torch.Generator().manual_seed(0)
+    bank = F.normalize(torch.randn(300, 8, generator=g), dim=1)
+    bank_y = torch.randint(0, 5, (300,), generator=g)
+    query = F.normalize(torch.randn(50, 8, generator=g), dim=1)
+    for k, t in ((200, 0.1), (7, 0.5), (1000, 0.07)):
+        got = knn_predict(bank, bank_y, query, 5, k=k, t=t, chunk=16)
+        for i in range(50):
+            sims = [(float(query[i] @ bank[j]), j) for j in range(300)]
+            sims.sort(reverse=True)
+            votes = [0.0] * 5
+            for s, j in sims[:min(k, 300)]:
+                votes[int(bank_y[j])] += math.exp(s / t)
+            assert int(got[i]) == max(range(5), key=lambda c: votes[c])
+
+
+@pytest.mark.slow
+def test_knn_monitor_and_coarse_to_fine_linear(coarse_rascal_run, tmp_path):
+    rows = read_metrics(coarse_rascal_run)
+    assert all(10 < float(r['knn/acc']) <= 100 and float(r['knn/acc_fine']) > 10 for r in rows)
+    run_script('main_linear.py', '--ckpt', os.path.join(coarse_rascal_run, 'last.pth'), '--eval_labels', 'fine',
+               '--epochs', 1, '--save_folder', tmp_path, *FAST)
+    results = json.load(open(os.path.join(only_run_folder(tmp_path), 'results.json')))
+    assert len(results['final_test_per_class_acc']) == 10 and results['config']['eval_labels'] == 'fine'

@@ -1,0 +1,85 @@
+"""methods.py: the registry of contrastive methods. A toy method registered from outside the repository's
+files trains through the real main_supcon.py, so the README's "Adding a method" stays true."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import FAST, ROOT, load, only_run_folder, read_metrics
+from methods import METHODS, Method, register
+from options import parse_option
+from util import UserError
+
+TOY = '''
+import torch
+import torch.nn.functional as F
+
+from losses import Loss, flatten_views
+from methods import Method, register
+
+
+class ToyLoss(Loss):
+    """Pulls the views of each sample together: mean over samples of 1 - cos(view 0, view 1), times a weight."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+        self.register_buffer('calls', torch.zeros((), dtype=torch.long))
+
+    def forward(self, features, labels=None):
+        rows, bsz, n_views = flatten_views(features)
+        z = F.normalize(rows, dim=1).reshape(n_views, bsz, -1)
+        agreement = (z[0] * z[1]).sum(-1).mean()
+        self.calls += 1
+        self.last_stats = {'agreement': agreement.detach()}
+        return self.weight * (1 - agreement)
+
+
+register(Method('Toy', build=lambda opt, num_samples: ToyLoss(opt.toy_weight), uses_labels=False,
+                flags={'--toy_weight': dict(type=float, default=0.5, help='weight of the toy loss')},
+                stats_prefix='toy/'))
+'''
+
+
+@pytest.mark.slow
+def test_a_registered_method_trains_through_the_real_script(tmp_path):
+    (tmp_path / 'toy_method.py').write_text(TOY)
+    # the plug-in registers on import, then main_supcon.py runs as a script (not imported)
+    code = ('import runpy, sys; import toy_method; sys.argv = ["main_supcon.py"] + sys.argv[1:]; '
+            'runpy.run_path("main_supcon.py", run_name="__main__")')
+    args = ['--method', 'Toy', '--toy_weight', '2', '--epochs', '1', '--save_folder', str(tmp_path / 'runs'),
+            *map(str, FAST)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]), OMP_NUM_THREADS='2')
+    proc = subprocess.run([sys.executable, '-c', code, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run_folder(tmp_path / 'runs')
+    assert os.path.basename(run).startswith('Toy_digits_resnet_tiny')
+    row = read_metrics(run)[0]
+    assert 0 < float(row['train/loss']) <= 4 and -1 <= float(row['train/toy/agreement']) <= 1
+    ckpt = load(os.path.join(run, 'last.pth'))
+    assert int(ckpt['extra']['criterion']['calls']) == 12      # its state travels in checkpoints: 1437 / 128
+    assert ckpt['config']['toy_weight'] == 2.0
+    # a flag of another method is refused
+    bad = subprocess.run([sys.executable, '-c', code, '--method', 'SupCon', '--toy_weight', '1'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert bad.returncode == 2 and '--toy_weight needs --method Toy' in bad.stderr
+
+
+def test_every_method_is_registered_and_flags_belong_to_their_methods():
+    assert {'SupCon', 'SimCLR', 'RASCAL'} <= set(METHODS)
+    assert parse_option('supcon', ['--method', 'RASCAL']).rascal_weighting == 'agreement'
+    assert parse_option('supcon', ['--method', 'SupCon']).rascal_weighting is None
+    with pytest.raises(UserError, match='--rascal_weighting needs --method RASCAL'):
+        parse_option('supcon', ['--method', 'SimCLR', '--rascal_weighting', 'current'])
+    with pytest.raises(UserError, match='--simclr_loss needs --method SupCon or SimCLR'):
+        parse_option('supcon', ['--method', 'RASCAL', '--simclr_loss', 'ntxent'])
+
+
+def test_register_refuses_duplicates_and_conflicting_flags():
+    with pytest.raises(ValueError, match='registered already'):
+        register(Method('SupCon', build=None))
+    with pytest.raises(ValueError, match='differs'):
+        register(Method('Other', build=None, flags={'--rascal_weighting': dict(type=int)}))
+    assert 'Other' not in METHODS

@@ -1,0 +1,138 @@
+"""options.py: parsing, defaults, validation and run names (in-process, no training)."""
+import argparse
+
+import pytest
+import torch
+
+from options import parse_option
+from util import UserError
+
+
+def test_large_batch_forces_warmup_and_names_run():
+    opt = parse_option('supcon', ['--batch_size', '512', '--cosine', '--trial', '7', '--device', 'cpu'])
+    assert opt.warm and opt.run_folder.endswith('bsz_512_temp_0.07_trial_7_cosine_warm')
+    assert opt.model == 'resnet_tiny' and opt.size == 16
+
+
+def test_bad_options_raise_user_error():
+    with pytest.raises(UserError, match='--epochs'):
+        parse_option('ce', ['--epochs', '0'])
+    with pytest.raises(UserError, match='--val_split'):
+        parse_option('linear', ['--ckpt', 'x.pth', '--val_split', '1.5'])
+
+
+def test_optimizer_and_schedule_flags_reach_the_optimizer():
+    from util import adjust_learning_rate, set_optimizer
+    opt = parse_option('ce', ['--momentum', '0.8', '--weight_decay', '0.001', '--learning_rate', '0.4',
+                              '--lr_decay_epochs', '2,4', '--lr_decay_rate', '0.5', '--device', 'cpu'])
+    optim = set_optimizer(opt, [torch.zeros(1, requires_grad=True)])
+    group = optim.param_groups[0]
+    assert group['momentum'] == 0.8 and group['weight_decay'] == 0.001
+    adjust_learning_rate(opt, optim, 5)
+    assert group['lr'] == pytest.approx(0.4 * 0.5 ** 2)
+
+
+def test_carrot_quantile_flags_parse():
+    opt = parse_option('supcon', ['--carrot', '--carrot_q_hi', '0.8', '--carrot_q_lo', '0.2', '--device', 'cpu'])
+    assert (opt.carrot_q_hi, opt.carrot_q_lo, opt.carrot_on) == (0.8, 0.2, 'encoder')
+    with pytest.raises(UserError, match='--carrot_q_hi'):
+        parse_option('ce', ['--carrot', '--carrot_q_hi', '1.5', '--device', 'cpu'])
+
+
+def test_mean_std_parsing():
+    from options import _floats
+    assert _floats('(0.4914, 0.4822, 0.4465)') == (0.4914, 0.4822, 0.4465)
+    assert _floats('0.5') == (0.5, 0.5, 0.5)
+    assert _floats('[1e-1,2,3]') == (0.1, 2.0, 3.0)
+    for bad in ('(0.1, 0.2)', 'os.system("x")', ''):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _floats(bad)
+
+
+def test_flag_validation():
+    assert parse_option('supcon', []).simclr_loss == 'ntxent'
+    assert parse_option('supcon', ['--simclr_loss', 'margin_triplet']).margin == 1.0
+    assert parse_option('supcon', ['--simclr_loss', 'ntlogistic', '--carrot']).carrot
+    for argv, words in [
+        (['--method', 'RASCAL', '--simclr_loss', 'ntlogistic'], '--simclr_loss'),
+        (['--margin', '0.5'], '--margin needs'),
+        (['--simclr_loss', 'margin_triplet', '--margin', '-1'], '--margin must'),
+    ]:
+        with pytest.raises(UserError, match=words):
+            parse_option('supcon', argv)
+    with pytest.raises(SystemExit):
+        parse_option('supcon', ['--simclr_loss', 'infonce'])
+
+
+def test_options_for_the_tools():
+    from options import parse_option
+    from util import UserError
+    for script, argv, words in [('supcon', ['--dataset', 'cifar10', '--label_granularity', 'coarse'], 'coarse'),
+                                ('linear', ['--dataset', 'cifar10', '--eval_labels', 'coarse', '--ckpt', 'x'],
+                                 'coarse'),
+                                ('ce', ['--dataset', 'cifar10_lt', '--imb_factor', '0'], '--imb_factor'),
+                                ('supcon', ['--knn_every', '-1'], '--knn_every')]:
+        with pytest.raises(UserError, match=words):
+            parse_option(script, argv)
+    assert parse_option('ce', ['--dataset', 'cifar100_lt', '--label_granularity', 'coarse']).run_folder.endswith(
+        '_coarse_imb_0.01')
+
+
+# ---------------------------------------------------------------- every flag, a wrong type and out-of-range values
+# Values a flag accepts on purpose, with the reason (anything else must be refused in one line).
+ACCEPTED = {
+    ('--seed', '-1'): 'any integer is a seed', ('--seed', '0'): 'the default seed',
+    ('--momentum', '0'): 'plain SGD', ('--weight_decay', '0'): 'no weight decay',
+    ('--val_split', '0'): 'no held-out split (the default)', ('--knn_every', '0'): 'the monitor off (the default)',
+    ('--carrot_q_lo', '0'): 'the minimum negative similarity',
+    ('--carrot_alpha_max', 'inf'): 'no cap (the first CARROT definition)',
+    ('--carrot_weight', '0'): 'CARROT only measured (its statistics), not trained', ('--margin', '0'): 'a valid margin',
+    ('--mean', '-1'): 'any number is a per-channel mean', ('--mean', '0'): 'the same',
+    ('--num_workers', '0'): 'load in the main process',
+}
+NEEDS = {   # flags that only mean something with another flag: given alone they are refused
+    '--margin': ['--simclr_loss', 'margin_triplet'], '--rascal_weighting': ['--method', 'RASCAL'],
+    '--carrot_alpha_max': ['--carrot'], '--carrot_weight': ['--carrot'], '--carrot_on': ['--carrot'],
+}
+
+
+def _typed_flags(script):
+    from options import build_parser
+    for action in build_parser(script)._actions:
+        flag = action.option_strings[-1] if action.option_strings else None
+        if flag and action.type is not None:
+            yield flag, action
+
+
+def _outcome(script, argv, capsys):
+    """(accepted, stderr lines) of parsing ``argv`` through run_cli (exit status and output as the scripts)."""
+    from util import run_cli
+    try:
+        run_cli(lambda: parse_option(script, argv))
+    except SystemExit as e:
+        assert e.code not in (0, None)
+        return False, capsys.readouterr().err.strip().splitlines()
+    capsys.readouterr()
+    return True, []
+
+
+@pytest.mark.parametrize('script', ['supcon', 'ce', 'linear'])
+def test_every_flag_refuses_bad_values_in_one_line(script, capsys):
+    base = ['--ckpt', 'x.pth'] if script == 'linear' else []
+    checked = 0
+    for flag, action in _typed_flags(script):
+        needs = NEEDS.get(flag, [])
+        if flag == '--ckpt':
+            continue
+        candidates = ['abc'] if action.type is not str else []
+        if action.type in (int, float) or flag in ('--lr_decay_epochs', '--mean', '--std'):
+            candidates += ['-1', '0'] + (['nan', 'inf', '-inf'] if action.type is float else [])
+        for value in candidates:
+            accepted, lines = _outcome(script, base + needs + [flag, value], capsys)
+            if accepted:
+                assert (flag, value) in ACCEPTED or (action.choices and value in action.choices), \
+                    f'{script}: {flag} {value} was accepted'
+            else:
+                assert len(lines) == 1 and 'error' in lines[0] and 'Traceback' not in lines[0], (flag, value, lines)
+            checked += 1
+    assert checked > 20
