@@ -56,6 +56,9 @@ def init_distributed(opt):
     if opt.syncBN and opt.device.type != 'cuda':
         raise UserError('--syncBN needs CUDA devices: PyTorch\'s SyncBatchNorm does not run on CPUs')
     opt.local_batch_size = opt.batch_size // n
+    if opt.chunk_size > opt.local_batch_size:
+        raise UserError(f'--chunk_size {opt.chunk_size} is larger than the batch of each process '
+                        f'({opt.local_batch_size} = --batch_size {opt.batch_size} / {n}); use 0 (off) or a smaller one')
     if opt.device.type == 'cuda':
         local = int(os.environ.get('LOCAL_RANK', '0'))
         if local >= torch.cuda.device_count():
@@ -74,11 +77,15 @@ def init_distributed(opt):
 
 def wrap_model(opt, model):
     """DistributedDataParallel around ``model`` (with SyncBatchNorm for ``--syncBN``); ``model``
-    itself in one process. Keep the unwrapped module for evaluation and checkpoints."""
+    itself in one process. Keep the unwrapped module for evaluation and checkpoints. With gradient
+    caching (``--chunk_size``) the step syncs buffers and gradients itself (``broadcast_buffers``,
+    ``all_reduce_grads``): no DDP wrapper."""
     if not is_distributed():
         return model
     if opt.syncBN:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    if opt.chunk_size:
+        return model
     ids = [opt.device.index] if opt.device.type == 'cuda' else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
@@ -123,6 +130,26 @@ def all_reduce_sum(x):
     x = x.clone()
     dist.all_reduce(x)
     return x
+
+
+@torch.no_grad()
+def all_reduce_grads(model):
+    """Average every parameter gradient over processes (what DDP does in its backward)."""
+    if world_size() == 1:
+        return
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world_size())
+
+
+@torch.no_grad()
+def broadcast_buffers(model):
+    """Rank 0's buffers (BatchNorm running statistics) on every process (what DDP does before a forward)."""
+    if world_size() == 1:
+        return
+    for b in model.buffers():
+        dist.broadcast(b, 0)
 
 
 def all_gather_object(obj):

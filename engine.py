@@ -68,9 +68,11 @@ def prepare_run_folder(opt):
 
 
 def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
-    """One epoch of ``step(batch) -> (loss, batch size, {name: scalar tensor})`` with backprop.
+    """One epoch of ``step(batch, backward) -> (loss, batch size, {name: scalar tensor})``.
 
-    The loss and the step's statistics are read back to the host once per step.
+    The step back-propagates by calling ``backward(loss)`` (the ``GradScaler``-scaled backward) itself,
+    once or in parts (gradient caching); the loop zeroes the gradients before it and steps the optimizer
+    after it. The loss and the step's statistics are read back to the host once per step.
     Returns the epoch means.
     """
     meters = defaultdict(AverageMeter)
@@ -80,9 +82,8 @@ def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
     start = time.time()
     for idx, batch in enumerate(bar):
         warmup_learning_rate(opt, epoch, idx, len(loader), optimizer)
-        loss, n, stats = step(batch)
         optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
+        loss, n, stats = step(batch, lambda value: scaler.scale(value).backward())
         scaler.step(optimizer)
         scaler.update()
         names = ['loss'] + list(stats)

@@ -9,7 +9,7 @@ from engine import evaluate, fit, setup, train_loop, write_results
 from losses_carrot import CARROT
 from networks import SupCEResNet
 from options import parse_option
-from steps import ce_loss
+from steps import ce_step
 from util import grad_scaler, prepare_model, run_cli, set_optimizer
 
 
@@ -27,8 +27,8 @@ def main(argv=None):
 
     carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
 
-    def step(batch):
-        loss, stats = ce_loss(opt, ddp_model, model, carrot, *batch)
+    def step(batch, backward):
+        loss, stats = ce_step(opt, ddp_model, model, carrot, *batch, backward=backward)
         return loss, batch[1].shape[0], stats
 
     def train_epoch(epoch):

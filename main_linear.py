@@ -49,12 +49,13 @@ def main(argv=None):
             features = encoder(images)
         return head(features.float())
 
-    def step(batch):
+    def step(batch, backward):
         images, labels = to_device(opt, batch[0]), batch[1].to(opt.device)
         with autocast(opt):
             logits = predict(images, ddp_classifier)
         loss = criterion(logits.float(), labels)
-        return loss, labels.shape[0], {'acc': accuracy(logits, labels)[0]}
+        backward(loss)
+        return loss.detach(), labels.shape[0], {'acc': accuracy(logits, labels)[0]}
 
     def train_epoch(epoch):
         classifier.train()

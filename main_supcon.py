@@ -16,7 +16,7 @@ from losses_carrot import CARROT
 from methods import get_method
 from networks import SupConResNet
 from options import parse_option
-from steps import contrastive_loss
+from steps import contrastive_step
 from util import grad_scaler, prepare_model, run_cli, set_optimizer
 
 
@@ -35,8 +35,8 @@ def main(argv=None):
     carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
     hists = defaultdict(lambda: 0)     # the loss's histogram counts, summed over the epoch
 
-    def step(batch):
-        loss, stats = contrastive_loss(opt, method, ddp_model, model, criterion, carrot, *batch)
+    def step(batch, backward):
+        loss, stats = contrastive_step(opt, method, ddp_model, model, criterion, carrot, *batch, backward=backward)
         for name, counts in criterion.last_hists.items():
             hists[name] = hists[name] + counts
         return loss, batch[1].shape[0], stats

@@ -34,7 +34,7 @@ RUN_KIND = {'supcon': 'SupCon', 'ce': 'SupCE', 'linear': 'Linear'}
 FIELD_DEFAULTS = dict(method=None, label_granularity='fine', eval_labels='fine', carrot=False, carrot_on=None,
                       carrot_q_hi=0.9, carrot_q_lo=0.1, carrot_weight=None, carrot_alpha_max=None, ckpt='',
                       val_split=0.0, head=None, feat_dim=None, temp=None, knn_every=0, knn_k=200, knn_t=0.1,
-                      world_size=1, rank=0)
+                      chunk_size=0, world_size=1, rank=0)
 
 
 class Parser(argparse.ArgumentParser):
@@ -108,6 +108,9 @@ def build_parser(script):
         p.add_argument('--knn_t', type=float, default=0.1, help='kNN monitor: temperature of the vote weights')
         p.add_argument('--feat_dim', type=int, default=128)
     if script in ('supcon', 'ce'):
+        p.add_argument('--chunk_size', type=int, default=0,
+                       help='gradient caching: run the encoder on chunks of this many samples (all their views) '
+                            'and get the full-batch gradient with the memory of one chunk (0: off)')
         p.add_argument('--carrot', action='store_true', help='add the CARROT corridor regularizer (needs labels)')
         if script == 'supcon':
             p.add_argument('--carrot_on', choices=['encoder', 'head'], default=None,
@@ -165,6 +168,8 @@ def validate(opt, script):
         _check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
     if script in ('supcon', 'ce'):
         validate_carrot(opt, script)
+        _check(0 <= opt.chunk_size <= opt.batch_size,
+               f'--chunk_size must be in [0, --batch_size {opt.batch_size}] (0: off), got {opt.chunk_size}')
     if script == 'linear':
         _check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         _check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
@@ -263,10 +268,11 @@ def parse_option(script, argv=None):
 
 
 # What may differ when a run is resumed: flags that do not change what is learned (a longer --epochs is
-# how a run is extended; --amp and --channels_last change precision and memory layout, not the experiment),
+# how a run is extended; --amp, --channels_last and --chunk_size change precision, memory layout and memory
+# use, not the experiment: like the number of torchrun processes, --chunk_size only changes BatchNorm's groups),
 # and fields that describe this process rather than the experiment.
 RESUME_MAY_CHANGE = {'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder', 'save_folder',
-                     'resume', 'trial', 'knn_every', 'knn_k', 'knn_t', 'amp', 'channels_last',
+                     'resume', 'trial', 'knn_every', 'knn_k', 'knn_t', 'amp', 'channels_last', 'chunk_size',
                      'script', 'run_folder', 'world_size', 'rank', 'local_batch_size', 'warm_epochs', 'warmup_from'}
 
 

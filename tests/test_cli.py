@@ -20,6 +20,8 @@ BAD = {
     'linear_missing_ckpt': (['main_linear.py', '--ckpt', '/nonexistent/last.pth'], ['not found']),
     'resume_missing': (['main_ce.py', '--resume', '/nonexistent/last.pth'], ['not found']),
     'bad_device': (['main_ce.py', '--device', 'tpu'], ['--device']),
+    'chunk_negative': (['main_supcon.py', '--chunk_size', -1], ['--chunk_size']),
+    'chunk_larger_than_batch': (['main_ce.py', '--chunk_size', 300, '--batch_size', 256], ['--chunk_size', '256']),
 }
 
 

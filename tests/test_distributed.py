@@ -26,6 +26,9 @@ CASES = {
 }
 
 
+CHUNK_CASES = ['SupCon', 'RASCAL+CARROT-head', 'CE+CARROT']
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -40,24 +43,26 @@ def batch():
     return views, labels, torch.arange(100, 100 + BSZ)
 
 
-def one_step(case, rank=0, world=1):
-    """The scripts' own loss functions on this process's slice of :func:`batch`: RASCAL runs a first
-    step to warm its cache, then the step that is compared. Returns loss, gradients and state."""
+def one_step(case, rank=0, world=1, train=False, chunk=0):
+    """The scripts' own steps on this process's slice of :func:`batch`: RASCAL runs a first step to warm
+    its cache, then the step that is compared. ``train``: BatchNorm in train mode; ``chunk``: gradient
+    caching with chunks of that many samples. Returns loss, gradients and state."""
     from distributed import wrap_model
     from engine import setup
     from losses_carrot import CARROT
     from methods import get_method
     from networks import SupCEResNet, SupConResNet
     from options import parse_option
-    from steps import ce_loss, contrastive_loss
+    from steps import ce_step, contrastive_step
     from util import prepare_model
 
     script = 'ce' if case.startswith('CE') else 'supcon'
-    opt = setup(parse_option(script, CASES[case] + ['--batch_size', str(BSZ), '--device', 'cpu']), run_folder=False)
+    opt = setup(parse_option(script, CASES[case] + ['--batch_size', str(BSZ), '--device', 'cpu',
+                                                    '--chunk_size', str(chunk)]), run_folder=False)
     torch.manual_seed(0)
     net = SupCEResNet('resnet_tiny', num_classes=3) if script == 'ce' else SupConResNet('resnet_tiny')
     # BatchNorm in eval mode: per-sample, so the only coupling between samples is the loss under test
-    model = prepare_model(opt, net).eval()
+    model = prepare_model(opt, net).train(train)
     ddp_model = wrap_model(opt, model)
     carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
     views, labels, ids = batch()
@@ -65,19 +70,16 @@ def one_step(case, rank=0, world=1):
     views, labels, ids = [v[part] for v in views], labels[part], ids[part]
     out = {}
     if script == 'ce':
-        loss, stats = ce_loss(opt, ddp_model, model, carrot, views[0], labels)
+        loss, stats = ce_step(opt, ddp_model, model, carrot, views[0], labels)    # back-propagates
     else:
         method = get_method(opt.method)
         criterion = method.build(opt, 200)
         for _ in range(2 if method.uses_ids else 1):
             model.zero_grad()
-            loss, stats = contrastive_loss(opt, method, ddp_model, model, criterion, carrot, views, labels, ids)
-            loss.backward()
+            loss, stats = contrastive_step(opt, method, ddp_model, model, criterion, carrot, views, labels, ids)
         if method.uses_ids:
             out['cache'] = criterion.cache_feat.clone()
             out['cache_valid'] = criterion.cache_valid.clone()
-    if script == 'ce':
-        loss.backward()
     out.update(loss=loss.detach(), stats={k: torch.as_tensor(v).detach() for k, v in stats.items()},
                grads={n: p.grad.clone() for n, p in model.named_parameters()})
     return out
@@ -91,6 +93,9 @@ def _worker(rank, port, folder):
     results = {}
     for case in CASES:
         results[case] = one_step(case, rank, WORLD)
+    for case in CHUNK_CASES:     # DDP in train mode (BatchNorm per process), and chunks of the local batch
+        results[f'train-{case}'] = one_step(case, rank, WORLD, train=True)
+        results[f'chunked-{case}'] = one_step(case, rank, WORLD, chunk=3)
     torch.save(results, os.path.join(folder, f'rank{rank}.pt'))
     dist.destroy_process_group()
 
@@ -123,6 +128,31 @@ def test_step_equals_one_process_on_the_concatenated_batch(ranks, case):
         if not case.startswith('CE'):   # statistics of the global batch (CE's are per process)
             for key, value in single['stats'].items():
                 torch.testing.assert_close(got['stats'][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize('case', CHUNK_CASES)
+def test_chunks_of_half_the_batch_equal_two_processes_in_train_mode(ranks, case):
+    """--chunk_size b/2 in one process normalizes each half of the batch by its own BatchNorm statistics,
+    as two processes with b/2 each do: the gradients are equal (this pins down "BN per chunk")."""
+    single = one_step(case, train=True, chunk=BSZ // 2)
+    plain = one_step(case, train=True)
+    for r in range(WORLD):
+        for name, grad in single['grads'].items():
+            torch.testing.assert_close(ranks[r][f'train-{case}']['grads'][name], grad, rtol=1e-5, atol=1e-6,
+                                       msg=f'{case} {name}')
+    # power: one process without chunks (BatchNorm over the whole batch) differs
+    assert any(not torch.allclose(plain['grads'][n], g, rtol=1e-5, atol=1e-6) for n, g in single['grads'].items())
+
+
+@pytest.mark.parametrize('case', CHUNK_CASES)
+def test_chunks_under_torchrun_equal_one_process(ranks, case):
+    """Gradient caching inside each process (chunks of 3 of the local 8 samples), BatchNorm in eval mode:
+    the gradients equal one process's plain step on the whole batch."""
+    single = one_step(case)
+    for r in range(WORLD):
+        for name, grad in single['grads'].items():
+            torch.testing.assert_close(ranks[r][f'chunked-{case}']['grads'][name], grad, rtol=1e-5, atol=1e-6,
+                                       msg=f'{case} {name}')
 
 
 def test_rascal_caches_identical_on_every_rank(ranks):

@@ -88,7 +88,7 @@ ACCEPTED = {
     ('--carrot_alpha_max', 'inf'): 'no cap (the first CARROT definition)',
     ('--carrot_weight', '0'): 'CARROT only measured (its statistics), not trained', ('--margin', '0'): 'a valid margin',
     ('--mean', '-1'): 'any number is a per-channel mean', ('--mean', '0'): 'the same',
-    ('--num_workers', '0'): 'load in the main process',
+    ('--num_workers', '0'): 'load in the main process', ('--chunk_size', '0'): 'gradient caching off (the default)',
 }
 NEEDS = {   # flags that only mean something with another flag: given alone they are refused
     '--margin': ['--simclr_loss', 'margin_triplet'], '--rascal_weighting': ['--method', 'RASCAL'],
