@@ -123,6 +123,14 @@ def gather(x):
     return torch.cat(parts, 0)
 
 
+@torch.no_grad()
+def broadcast(x, src=0):
+    """``x`` of rank ``src`` on every rank (in place); ``x`` itself in one process."""
+    if world_size() > 1:
+        dist.broadcast(x, src)
+    return x
+
+
 def all_reduce_sum(x):
     """Sum of ``x`` over ranks (a new tensor; ``x`` itself in one process)."""
     if world_size() == 1:

@@ -140,10 +140,12 @@ class SupConLoss(Loss):
         self.contrast_mode = contrast_mode
         self.base_temperature = base_temperature
 
-    def forward(self, features, labels=None, mask=None):
+    def forward(self, features, labels=None, mask=None, queue=None):
         contrast, bsz, n_views = flatten_views(features)
         if labels is not None and mask is not None:
             raise ValueError('Cannot define both `labels` and `mask`')
+        if queue is not None and mask is not None:
+            raise ValueError('a queue needs labels (or neither, SimCLR), not a mask')
         with torch.autocast(device_type=features.device.type, enabled=False):
             contrast = upcast(contrast)
             n_rows = contrast.shape[0]
@@ -153,6 +155,10 @@ class SupConLoss(Loss):
             # the only M x M work: the logits and one logsumexp over each row's non-self entries
             logits = anchor @ contrast.T / self.temperature
             logits.diagonal().fill_(-math.inf)               # anchor i is row i: not in its own denominator
+            if queue is not None:                            # valid queue entries join every denominator
+                q_feat = queue.feat.to(contrast.dtype)
+                q_logits = (anchor @ q_feat.T / self.temperature).masked_fill(~queue.valid, -math.inf)
+                logits = torch.cat([logits, q_logits], dim=1)
             log_denom = torch.logsumexp(logits, dim=1)
             # positives: sum_{p in P(i)} w_ip z_i.z_p = z_i.(sum_p w_ip z_p), from per-sample / per-class sums
             sample_sum = contrast.reshape(n_views, bsz, -1).sum(0)                    # [B, D]
@@ -160,12 +166,24 @@ class SupConLoss(Loss):
             b = torch.arange(anchor.shape[0], device=contrast.device) % bsz          # each anchor's sample
             pos_dot = (anchor * pos_sum[b]).sum(1) - self_weight[b] * (anchor * anchor).sum(1)
             n_pos = n_views * weight_sum[b] - self_weight[b]                          # the anchor is not its own positive
-            n_pos = torch.where(n_pos < 1e-6, torch.ones_like(n_pos), n_pos)
+            if queue is not None and labels is not None:     # same-label valid queue entries are positives
+                q_sum, q_count = queue_positive_sums(labels, queue, q_feat)
+                pos_dot = pos_dot + (anchor * q_sum[b]).sum(1)
+                n_pos = n_pos + q_count[b]
+            has_pos = n_pos >= 1e-6
+            n_pos = torch.where(has_pos, n_pos, torch.ones_like(n_pos))
             mean_log_prob_pos = (pos_dot / self.temperature - n_pos * log_denom) / n_pos
-            has_pos = (n_views * weight_sum[b] - self_weight[b]) >= 1e-6
             mean_log_prob_pos = torch.where(has_pos, mean_log_prob_pos, torch.zeros_like(mean_log_prob_pos))
             loss = -(self.temperature / self.base_temperature) * mean_log_prob_pos
         return loss.mean()
+
+
+def queue_positive_sums(labels, queue, q_feat):
+    """Per sample ``b``: the sum of the valid queue keys with ``b``'s label ``[B, D]`` and their count ``[B]``,
+    through the batch's classes (``[C, K]`` matches, no ``[M, K]`` mask)."""
+    classes, inverse = torch.unique(labels.reshape(-1), return_inverse=True)
+    same = ((queue.label[None, :] == classes[:, None]) & queue.valid[None, :]).to(q_feat.dtype)   # [C, K]
+    return (same @ q_feat)[inverse], same.sum(1)[inverse]
 
 
 def positive_sums(sample_sum, labels=None, mask=None):

@@ -36,26 +36,44 @@ def fractional_rank_desc(values, valid):
 class Positives:
     """An anchor's positives inside its class block, and their similarities now and in the cache.
 
-    ``rows`` ``[C, K]`` row indices (padding clamped to 0), ``present`` ``[C, K]`` (not padding),
-    ``pairs`` ``[C, K, K]`` (positive pairs), ``num_pos`` ``[C, K]`` (``m_r``), ``current`` /
-    ``cached`` ``[C, K, K]`` (``z_r.z_c`` and ``cache[s(r)].cache[s(c)]``), ``cache_complete``
-    ``[C, K]`` (the anchor's and every positive's cache entries are valid), ``rank_current`` (the
-    descending fractional ranks of ``current`` among the positives).
+    ``rows`` ``[C, K]`` row indices (padding clamped to 0), ``present`` ``[C, K]`` (not padding).
+    The block's columns are its ``K`` rows, then (with a memory queue) ``queue_cols`` ``[C, Q]``: the
+    indices of the valid queue entries of the block's class (``queue_present`` marks padding), see
+    ``docs/QUEUE.md``. Per anchor and column: ``pairs`` ``[C, K, K + Q]`` (positive pairs),
+    ``current`` / ``cached`` (``z_r.z_c`` and ``cache[s(r)].cache[s(c)]``, where a queue entry's sample is
+    its dataset id); per anchor: ``num_pos`` ``[C, K]`` (``m_r``), ``cache_complete`` (the anchor's and
+    every positive's cache entries are valid), and ``rank_current`` (the descending fractional ranks of
+    ``current`` among the positives).
     """
 
-    def __init__(self, sims, labels, n_views, cache_feat, cache_valid, sample_idx):
+    def __init__(self, sims, labels, n_views, cache_feat, cache_valid, sample_idx, queue=None, queue_sims=None):
         bsz = labels.shape[0]
         sample_valid = cache_valid[sample_idx]
         sample_cache = cache_feat[sample_idx].to(sims.dtype)
         cached_sims = sample_cache @ sample_cache.T                # [B, B]
         self.rows, self.present, _ = class_blocks(labels.repeat(n_views))
         self.pairs = block_pairs(self.present)
-        self.num_pos = self.pairs.sum(-1)
         self.current = sims[self.rows[:, :, None], self.rows[:, None, :]]
         sample_of = self.rows % bsz                                # view-major rows: r = v * B + b
         self.cached = cached_sims[sample_of[:, :, None], sample_of[:, None, :]]
         anchor_valid = sample_valid[sample_of]
-        self.cache_complete = anchor_valid & ~(self.pairs & ~anchor_valid[:, None, :]).any(-1)
+        column_valid = anchor_valid                                # the cache entries of the columns' samples
+        self.queue_cols = self.queue_present = None
+        if queue is not None:
+            classes = torch.unique(labels)                         # the blocks' classes, in class_blocks' order
+            same = (queue.label[None, :] == classes[:, None]) & queue.valid[None, :]       # [C, K_queue]
+            width = int(same.sum(1).max())
+            self.queue_cols = torch.argsort((~same).to(torch.int8), dim=1, stable=True)[:, :width]
+            self.queue_present = torch.gather(same, 1, self.queue_cols)
+            ids = queue.idx.clamp(min=0)
+            queue_cached = (sample_cache @ cache_feat[ids].to(sims.dtype).T)[sample_of[:, :, None],
+                                                                              self.queue_cols[:, None, :]]
+            self.pairs = torch.cat([self.pairs, self.present[:, :, None] & self.queue_present[:, None, :]], -1)
+            self.current = torch.cat([self.current, queue_sims[self.rows[:, :, None], self.queue_cols[:, None, :]]], -1)
+            self.cached = torch.cat([self.cached, queue_cached], -1)
+            column_valid = torch.cat([anchor_valid, (cache_valid[ids] & (queue.idx >= 0))[self.queue_cols]], -1)
+        self.num_pos = self.pairs.sum(-1)
+        self.cache_complete = anchor_valid & ~(self.pairs & ~column_valid[:, None, :]).any(-1)
         self.sample_valid = sample_valid
         self.rank_current = fractional_rank_desc(self.current, self.pairs)
 
@@ -189,22 +207,36 @@ class RASCALLoss(Loss):
             raise ValueError(f'sample_idx must lie in [0, {self.num_samples})')
         return contrast, labels, sample_idx, n_views
 
-    def forward(self, features, labels, sample_idx):
+    def forward(self, features, labels, sample_idx, queue=None):
+        """``queue``: a :class:`memory_queue.QueueView` whose valid entries join every denominator and,
+        with the anchor's label, its positives (``docs/QUEUE.md``); ``None``: no queue."""
         contrast, labels, sample_idx, n_views = self._check_inputs(features, labels, sample_idx)
         with torch.autocast(device_type=features.device.type, enabled=False):
             z = F.normalize(upcast(contrast), dim=1)
             n_rows = z.shape[0]
             sims = z @ z.T                                   # reused for the denominator and ranking
-            if n_rows > 1:
+            queue_sims = None
+            if queue is not None:
+                q_feat = queue.feat.to(z.dtype)
+                queue_sims = z @ q_feat.T                    # [M, K_queue], reused like sims
+            if n_rows > 1 or queue is not None:
                 logits = (sims / self.temperature).fill_diagonal_(-float('inf'))
+                if queue is not None:      # valid queue entries join every denominator
+                    q_logits = (queue_sims / self.temperature).masked_fill(~queue.valid, -float('inf'))
+                    logits = torch.cat([logits, q_logits], 1)
                 log_denom = torch.logsumexp(logits, dim=1)   # log sum_{a != r} exp(z_r.z_a / tau)
+                if queue is not None:      # B = 1, V = 1 and an empty queue: nothing to contrast with
+                    log_denom = torch.where(torch.isfinite(log_denom), log_denom, torch.zeros_like(log_denom))
             else:                                            # nothing to contrast with
                 log_denom = sims.new_zeros(1)
             with torch.no_grad():
-                pos, weights, stats, drift_hist = self.positive_weights(sims.detach(), labels, sample_idx, n_views)
+                pos, weights, stats, drift_hist = self.positive_weights(
+                    sims.detach(), labels, sample_idx, n_views, queue,
+                    None if queue_sims is None else queue_sims.detach())
             # sum_c W[r,c] log_prob[r,c] = z_r.(sum_c W[r,c] z_c)/tau - (sum_c W[r,c]) log_denom[r], per class block
             zb = z[pos.rows]                                 # [C, K, D]
-            pos_term = (zb * torch.bmm(weights, zb)).sum(-1) / self.temperature
+            columns = zb if queue is None else torch.cat([zb, q_feat[pos.queue_cols]], 1)
+            pos_term = (zb * torch.bmm(weights, columns)).sum(-1) / self.temperature
             per_row = (pos_term - weights.sum(-1) * log_denom[pos.rows]) * pos.present
             loss = -(self.temperature / self.base_temperature) * per_row.sum() / n_rows
             with torch.no_grad():
@@ -212,25 +244,32 @@ class RASCALLoss(Loss):
         self.last_stats, self.last_hists = stats, {'rank_drift': drift_hist}
         return loss
 
-    def positive_weights(self, sims, labels, sample_idx, n_views):
-        """``(Positives, W per class block [C, K, K], statistics, drift histogram)`` from the detached
-        similarities ``sims`` ``[M, M]`` and the cache as it is (before this step's update)."""
-        pos = Positives(sims, labels, n_views, self.cache_feat, self.cache_valid, sample_idx)
+    def positive_weights(self, sims, labels, sample_idx, n_views, queue=None, queue_sims=None):
+        """``(Positives, W per class block [C, K, K + Q], statistics, drift histogram)`` from the detached
+        similarities ``sims`` ``[M, M]`` (and ``queue_sims`` ``[M, K_queue]``) and the cache as it is
+        (before this step's update)."""
+        pos = Positives(sims, labels, n_views, self.cache_feat, self.cache_valid, sample_idx, queue, queue_sims)
         drift = rank_drift(pos)
         weights, ranked, drift_rows = WEIGHTINGS[self.weighting](pos, drift)
         stats, drift_hist = weight_statistics(pos, weights, ranked, drift, drift_rows, sims.shape[0])
         return pos, weights, stats, drift_hist
 
     @torch.no_grad()
-    def weight_matrix(self, features, labels, sample_idx):
-        """The dense ``[M, M]`` weights ``W`` the next call would use (cache untouched); for tests and analysis."""
+    def weight_matrix(self, features, labels, sample_idx, queue=None):
+        """The dense weights ``W`` the next call would use (cache untouched), ``[M, M]``, or with a queue
+        ``[M, M + K_queue]`` (queue entry ``j`` in column ``M + j``); for tests and analysis."""
         contrast, labels, sample_idx, n_views = self._check_inputs(features, labels, sample_idx)
         z = F.normalize(upcast(contrast), dim=1)
-        pos, weights, _, _ = self.positive_weights(z @ z.T, labels, sample_idx, n_views)
-        dense = torch.zeros(z.shape[0], z.shape[0], dtype=z.dtype, device=z.device)
-        pair = pos.present[:, :, None] & pos.present[:, None, :]
-        rows = pos.rows
-        dense[rows[:, :, None].expand_as(pair)[pair], rows[:, None, :].expand_as(pair)[pair]] = weights[pair]
+        queue_sims = None if queue is None else z @ queue.feat.to(z.dtype).T
+        pos, weights, _, _ = self.positive_weights(z @ z.T, labels, sample_idx, n_views, queue, queue_sims)
+        n_cols = z.shape[0] + (0 if queue is None else queue.feat.shape[0])
+        dense = torch.zeros(z.shape[0], n_cols, dtype=z.dtype, device=z.device)
+        rows, columns, present = pos.rows, pos.rows, pos.present
+        if queue is not None:
+            columns = torch.cat([pos.rows, pos.queue_cols + z.shape[0]], 1)
+            present = torch.cat([pos.present, pos.queue_present], 1)
+        pair = pos.present[:, :, None] & present[:, None, :]
+        dense[rows[:, :, None].expand_as(pair)[pair], columns[:, None, :].expand_as(pair)[pair]] = weights[pair]
         return dense
 
     def _update_cache(self, mean_views, sample_idx):

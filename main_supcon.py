@@ -13,6 +13,7 @@ from distributed import wrap_model
 from engine import fit, setup, train_loop
 from knn import knn_monitor
 from losses_carrot import CARROT
+from memory_queue import MemoryQueue, MomentumEncoder
 from methods import get_method
 from networks import SupConResNet
 from options import parse_option
@@ -24,7 +25,7 @@ def main(argv=None):
     opt = setup(parse_option('supcon', argv))
     method = get_method(opt.method)
     train_set = build_dataset(opt, True, TwoCropTransform(build_transform(opt, 'contrastive')))
-    if method.uses_ids:
+    if method.uses_ids or opt.queue_size:     # the queue stores dataset ids too
         train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True)
     model = prepare_model(opt, SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim))
@@ -33,10 +34,14 @@ def main(argv=None):
     optimizer = set_optimizer(opt, model.parameters())
     scaler = grad_scaler(opt)
     carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+    # docs/QUEUE.md: the memory queue and the momentum key encoder (a copy of the model as it starts)
+    queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(opt.device) if opt.queue_size else None
+    key_encoder = MomentumEncoder(model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
     hists = defaultdict(lambda: 0)     # the loss's histogram counts, summed over the epoch
 
     def step(batch, backward):
-        loss, stats = contrastive_step(opt, method, ddp_model, model, criterion, carrot, *batch, backward=backward)
+        loss, stats = contrastive_step(opt, method, ddp_model, model, criterion, carrot, *batch, backward=backward,
+                                       queue=queue, key_encoder=key_encoder)
         for name, counts in criterion.last_hists.items():
             hists[name] = hists[name] + counts
         return loss, batch[1].shape[0], stats
@@ -48,8 +53,9 @@ def main(argv=None):
         metrics.update({f'hist/{method.stats_prefix}{name}': counts.cpu().clone() for name, counts in hists.items()})
         return metrics
 
-    # the loss's own state (RASCAL's cache, ...) travels in checkpoints
-    extra = {'criterion': criterion} if criterion.state_dict() else None
+    # the loss's own state (RASCAL's cache, ...), the queue and the key encoder travel in checkpoints
+    extra = {name: obj for name, obj in (('criterion', criterion), ('queue', queue), ('key_encoder', key_encoder))
+             if obj is not None and obj.state_dict()}
     print(f'run folder: {opt.run_folder}')
     fit(opt, model, optimizer, train_epoch, knn_monitor(opt, model) if opt.knn_every else None, extra=extra)
     print(f'checkpoint: {opt.run_folder}/last.pth')

@@ -34,6 +34,7 @@ class Method:
         help: one line for ``--help``.
         uses_labels: the loss takes class labels (SimCLR does not; ``--carrot`` needs them).
         uses_ids: the loss takes dataset indices (the training set is wrapped in ``IndexedDataset``).
+        takes_queue: the loss takes ``queue=`` (a :class:`memory_queue.QueueView`): ``--queue_size`` works.
         flags: the method's own flags, ``{'--flag': argparse keywords}``. Their ``default`` applies
             when the method is chosen; given with another method, such a flag is a one-line error.
             Methods may share a flag (same keywords).
@@ -48,6 +49,7 @@ class Method:
     help: str = ''
     uses_labels: bool = True
     uses_ids: bool = False
+    takes_queue: bool = False
     flags: dict = field(default_factory=dict)
     check: Optional[Callable] = None
     run_name: Optional[Callable] = None
@@ -115,6 +117,9 @@ def _check_simclr_family(opt):
         opt.margin = 1.0 if opt.margin is None else opt.margin
         if not opt.margin >= 0:
             raise UserError(f'--margin must be >= 0, got {opt.margin}')
+    if opt.queue_size and opt.simclr_loss != 'ntxent':
+        raise UserError(f'--queue_size needs --simclr_loss ntxent (the queue is defined for NT-Xent), '
+                        f'got {opt.simclr_loss}')
 
 
 def _build_simclr_family(opt, num_samples):
@@ -131,9 +136,9 @@ def _simclr_family_name(opt):
 
 
 register(Method('SupCon', _build_simclr_family, help='supervised contrastive (Khosla et al. 2020)',
-                flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family, run_name=_simclr_family_name))
+                takes_queue=True, flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family, run_name=_simclr_family_name))
 register(Method('SimCLR', _build_simclr_family, help='self-supervised (Chen et al. 2020): no labels',
-                uses_labels=False, flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family,
+                uses_labels=False, takes_queue=True, flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family,
                 run_name=_simclr_family_name))
 
 
@@ -150,6 +155,7 @@ def _rascal_name(opt):
 
 
 register(Method('RASCAL', _build_rascal, help='rank-agreement weighted SupCon (docs/RASCAL.md)', uses_ids=True,
+                takes_queue=True,
                 flags={'--rascal_weighting': dict(choices=list(WEIGHTINGS), default='agreement',
                                                   help='RASCAL positive weights (default agreement; '
                                                        'current/uniform are ablations)')},

@@ -43,13 +43,15 @@ class CollapseWatch:
     """Says once per run that the representation has collapsed, from the epoch means of training.
 
     Fires on the first epoch where ``train/collapse/z_std_enc`` is below ``z_std_ratio`` times its
-    first-epoch value, or where ``train/carrot/L`` (CARROT's lower wall, the 90 % quantile of the
-    negative similarities) is above ``carrot_l_max``. The thresholds and how they were chosen from
-    healthy and collapsed runs: README, "Collapse monitors". Its state travels in checkpoints.
+    first-epoch value, where ``train/collapse/cos_enc`` (the batch's mean pairwise cosine) is above
+    ``cos_max``, or where ``train/carrot/L`` (CARROT's lower wall, the 90 % quantile of the negative
+    similarities) is above ``carrot_l_max``. The thresholds were chosen from the healthy and collapsed
+    runs of the digits ablations (``docs/results.md``, "Choosing the collapse thresholds"). Its state
+    travels in checkpoints.
     """
 
-    def __init__(self, z_std_ratio=0.1, carrot_l_max=0.99):
-        self.z_std_ratio, self.carrot_l_max = z_std_ratio, carrot_l_max
+    def __init__(self, z_std_ratio=0.25, cos_max=0.99, carrot_l_max=0.99):
+        self.z_std_ratio, self.cos_max, self.carrot_l_max = z_std_ratio, cos_max, carrot_l_max
         self.first_z_std, self.warned = None, False
 
     def check(self, epoch, metrics):
@@ -60,10 +62,12 @@ class CollapseWatch:
         if self.warned:
             return None
         message = None
-        carrot_l = metrics.get('train/carrot/L')
+        carrot_l, cos = metrics.get('train/carrot/L'), metrics.get('train/collapse/cos_enc')
         if z_std is not None and self.first_z_std and z_std < self.z_std_ratio * self.first_z_std:
             message = (f'collapse/z_std_enc is {z_std:.4g}, below {self.z_std_ratio:g} x its first-epoch value '
                        f'{self.first_z_std:.4g}')
+        elif cos is not None and cos > self.cos_max:
+            message = f'collapse/cos_enc is {cos:.4f} (> {self.cos_max:g}): the encoder maps the batch to one direction'
         elif carrot_l is not None and carrot_l > self.carrot_l_max:
             message = (f'carrot/L is {carrot_l:.4f} (> {self.carrot_l_max:g}): the negatives themselves are '
                        'near-identical')

@@ -34,7 +34,7 @@ RUN_KIND = {'supcon': 'SupCon', 'ce': 'SupCE', 'linear': 'Linear'}
 FIELD_DEFAULTS = dict(method=None, label_granularity='fine', eval_labels='fine', carrot=False, carrot_on=None,
                       carrot_q_hi=0.9, carrot_q_lo=0.1, carrot_weight=None, carrot_alpha_max=None, ckpt='',
                       val_split=0.0, head=None, feat_dim=None, temp=None, knn_every=0, knn_k=200, knn_t=0.1,
-                      chunk_size=0, world_size=1, rank=0)
+                      chunk_size=0, queue_size=0, moco_m=None, shuffle_bn_splits=None, world_size=1, rank=0)
 
 
 class Parser(argparse.ArgumentParser):
@@ -107,6 +107,14 @@ def build_parser(script):
         p.add_argument('--knn_k', type=int, default=200, help='kNN monitor: neighbours')
         p.add_argument('--knn_t', type=float, default=0.1, help='kNN monitor: temperature of the vote weights')
         p.add_argument('--feat_dim', type=int, default=128)
+        p.add_argument('--queue_size', type=int, default=0,
+                       help='memory queue of this many keys from earlier batches (docs/QUEUE.md; 0: off)')
+        p.add_argument('--moco_m', type=float, default=None,
+                       help='with --queue_size: momentum of the key encoder (default 0.999); 0: no key encoder, '
+                            'the keys are the detached queries')
+        p.add_argument('--shuffle_bn_splits', type=int, default=None,
+                       help='with a key encoder in one process: BatchNorm over this many shuffled sub-batches '
+                            'of the keys (default 8)')
     if script in ('supcon', 'ce'):
         p.add_argument('--chunk_size', type=int, default=0,
                        help='gradient caching: run the encoder on chunks of this many samples (all their views) '
@@ -166,6 +174,7 @@ def validate(opt, script):
     if script == 'supcon':
         _check(opt.temp > 0, f'--temp must be > 0, got {opt.temp}')
         _check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
+        validate_queue(opt)
     if script in ('supcon', 'ce'):
         validate_carrot(opt, script)
         _check(0 <= opt.chunk_size <= opt.batch_size,
@@ -186,6 +195,24 @@ def validate(opt, script):
                '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')
     if opt.std is not None:
         _check(all(v > 0 for v in opt.std), f'--std must be > 0, got {opt.std}')
+
+
+def validate_queue(opt):
+    _check(opt.queue_size >= 0, f'--queue_size must be >= 0 (0: off), got {opt.queue_size}')
+    if not opt.queue_size:
+        given = [f for f in ('moco_m', 'shuffle_bn_splits') if getattr(opt, f) is not None]
+        _check(not given, f'--{given[0] if given else ""} needs --queue_size')
+        return
+    _check(get_method(opt.method).takes_queue, f'--queue_size is not defined for --method {opt.method}')
+    _check(opt.queue_size >= opt.batch_size,
+           f'--queue_size {opt.queue_size} is smaller than the (global) batch {opt.batch_size}: '
+           f'one step would overwrite its own keys')
+    opt.moco_m = 0.999 if opt.moco_m is None else opt.moco_m
+    _check(0 <= opt.moco_m < 1, f'--moco_m must be in [0, 1), got {opt.moco_m}')
+    _check(opt.shuffle_bn_splits is None or opt.moco_m > 0, '--shuffle_bn_splits needs a key encoder (--moco_m > 0)')
+    opt.shuffle_bn_splits = 8 if opt.shuffle_bn_splits is None and opt.moco_m > 0 else opt.shuffle_bn_splits
+    _check(opt.shuffle_bn_splits is None or opt.shuffle_bn_splits >= 1,
+           f'--shuffle_bn_splits must be >= 1, got {opt.shuffle_bn_splits}')
 
 
 def validate_carrot(opt, script):
@@ -226,6 +253,8 @@ def run_name(opt, script):
         name += '_evalcoarse'
     if dataset_info(opt.dataset).long_tail:
         name += f'_imb_{opt.imb_factor}'
+    if opt.queue_size:
+        name += f'_queue_{opt.queue_size}_m_{opt.moco_m}'
     if opt.carrot:
         name += '_carrot' + ('-head' if opt.carrot_on == 'head' else '')
     if opt.cosine:

@@ -23,6 +23,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from distributed import all_reduce_grads, all_reduce_sum, broadcast_buffers, gather, gather_with_grad
 from losses_carrot import grad_balanced_total_loss
+from memory_queue import key_features, sample_keys
 from monitors import collapse_statistics
 from util import accuracy, autocast, to_device
 
@@ -38,10 +39,12 @@ def carrot_term(opt, carrot, base, h, labels, params=()):
 
 
 # ---------------------------------------------------------------- the losses, from the model's outputs
-def supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj, labels, sample_idx, n_views):
-    """The loss and statistics of ``main_supcon.py`` from the encoder output ``h_enc`` and the projection
-    ``h_proj`` (``[V*b, .]``, view-major rows ``v*b + j``). Under torchrun the loss sees the global batch
-    (samples in rank order)."""
+def supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj, labels, sample_idx, n_views,
+                           queue=None):
+    """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` of ``main_supcon.py`` from
+    the encoder output ``h_enc`` and the projection ``h_proj`` (``[V*b, .]``, view-major rows ``v*b + j``).
+    Under torchrun the loss sees the global batch (samples in rank order). ``queue``: a
+    :class:`memory_queue.MemoryQueue` the loss reads (as it was before this step)."""
     bsz = labels.shape[0]
     features = F.normalize(h_proj, dim=1)
     features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
@@ -49,7 +52,7 @@ def supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj,
     args = (features, gather(labels) if method.uses_labels else None)
     if method.uses_ids:
         args += (gather(sample_idx.to(opt.device)),)
-    loss = criterion(*args)
+    loss = criterion(*args, queue=queue.view()) if queue is not None else criterion(*args)
     stats = {f'{method.stats_prefix}{k}': v for k, v in criterion.last_stats.items()}
     # collapse monitors of the global batch (the projections are gathered already)
     stats.update(collapse_statistics(gather(h_enc.detach()), 'enc'),
@@ -59,7 +62,7 @@ def supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj,
         h, params = (h_enc, model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
         loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels.repeat(n_views), params)
         stats.update(carrot_stats)
-    return loss, stats
+    return loss, stats, features.detach()
 
 
 def ce_loss_from_parts(opt, model, carrot, h, logits, labels):
@@ -74,25 +77,60 @@ def ce_loss_from_parts(opt, model, carrot, h, logits, labels):
 
 # ---------------------------------------------------------------- the two steps
 def contrastive_step(opt, method, ddp_model, model, criterion, carrot, views, labels, sample_idx=None,
-                     backward=torch.Tensor.backward):
+                     backward=torch.Tensor.backward, queue=None, key_encoder=None):
     """One ``main_supcon.py`` step on ``views`` (a list of ``[b, C, H, W]``): computes the loss, calls
     ``backward(loss)`` (``GradScaler``'s scaled backward in training) and returns ``(loss, statistics)``.
-    ``ddp_model`` is what the plain forward goes through (DDP under torchrun), ``model`` the module."""
+    ``ddp_model`` is what the plain forward goes through (DDP under torchrun), ``model`` the module.
+    With a ``queue`` (``docs/QUEUE.md``) the loss also contrasts with its keys, and after the backward this
+    step's keys are enqueued: from ``key_encoder`` (a :class:`memory_queue.MomentumEncoder`, updated first)
+    or, without one, the detached queries."""
     labels = labels.to(opt.device)
     n_views = len(views)
+    kept = {}
+    queue_stats = queue.statistics(gather(labels) if method.uses_labels else None) if queue is not None else {}
 
     def loss_from(h_enc, h_proj):
-        return supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj, labels,
-                                      sample_idx, n_views)
+        loss, stats, kept['features'] = supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj,
+                                                               labels, sample_idx, n_views, queue)
+        return loss, stats
     if opt.chunk_size:
-        return cached_step(opt, model, model.encoder, lambda h: model.head(h), views, opt.chunk_size,
-                           loss_from, backward)
-    images = to_device(opt, torch.cat(views, dim=0))            # view-major rows: v * bsz + b
-    with autocast(opt):
-        h_enc, h_proj = ddp_model(images, parts=True)
-    loss, stats = loss_from(h_enc, h_proj)
-    backward(loss)
-    return loss.detach(), stats
+        loss, stats = cached_step(opt, model, model.encoder, lambda h: model.head(h), views, opt.chunk_size,
+                                  loss_from, backward)
+    else:
+        images = to_device(opt, torch.cat(views, dim=0))            # view-major rows: v * bsz + b
+        with autocast(opt):
+            h_enc, h_proj = ddp_model(images, parts=True)
+        loss, stats = loss_from(h_enc, h_proj)
+        backward(loss)
+        loss = loss.detach()
+    if queue is not None:
+        stats.update(queue_stats, **enqueue_keys(opt, model, key_encoder, queue, views, labels, sample_idx,
+                                                 kept['features']))
+    return loss, stats
+
+
+@torch.no_grad()
+def enqueue_keys(opt, model, key_encoder, queue, views, labels, sample_idx, features):
+    """This step's keys into ``queue``, one per sample of the global batch, with labels and ids: the
+    normalized view mean of the key encoder's features (updated from ``model`` first; shuffled BatchNorm),
+    or of the detached query ``features`` ``[B, V, D]`` without a key encoder. Returns
+    ``queue/key_query_cos`` (with a key encoder)."""
+    queries = sample_keys(features)
+    stats = {}
+    if key_encoder is None:
+        keys = queries
+    else:
+        key_encoder.update(model)
+        images = to_device(opt, torch.cat(views, dim=0))
+
+        def forward(key_model, part):
+            with autocast(opt):
+                return key_model(part).float()
+        out = key_features(key_encoder.model, images, opt.shuffle_bn_splits, forward)   # [V*b, D] view-major
+        keys = gather(sample_keys(torch.stack(torch.split(out, labels.shape[0], dim=0), dim=1)))
+        stats['queue/key_query_cos'] = (keys * queries).sum(1).mean()
+    queue.enqueue(keys, gather(labels), gather(sample_idx.to(opt.device)))
+    return stats
 
 
 def ce_step(opt, ddp_model, model, carrot, images, labels, backward=torch.Tensor.backward):

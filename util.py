@@ -20,7 +20,14 @@ class Interrupted(KeyboardInterrupt):
     """SIGTERM, raised where the program is (as Ctrl-C raises KeyboardInterrupt)."""
 
 
+_MAIN_PID = os.getpid()
+
+
 def _raise_interrupted(signum, frame):
+    if os.getpid() != _MAIN_PID:       # a forked DataLoader worker: terminate as by default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Interrupted()
 
 

@@ -38,7 +38,7 @@ def loss_level(device, reps):
 
     def with_carrot():
         h.grad = None
-        reg, _ = carrot(h, labels.repeat(views))
+        reg = carrot(h, labels.repeat(views))
         total, _ = grad_balanced_total_loss(base(), reg, h)
         total.backward()
     t = time_interleaved({'supcon': plain, 'carrot': with_carrot}, device, reps=reps)
@@ -60,7 +60,7 @@ def step_level(device, reps, bsz):
         feats = F.normalize(h_proj, dim=1)
         loss = supcon(torch.stack(feats.split(bsz), 1), labels)
         if use_carrot:
-            reg, _ = carrot(h_enc, labels.repeat(2))
+            reg = carrot(h_enc, labels.repeat(2))
             loss, _ = grad_balanced_total_loss(loss, reg, h_enc, params=model.head.parameters())
         opt.zero_grad(set_to_none=True)
         loss.backward()

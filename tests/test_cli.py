@@ -21,6 +21,11 @@ BAD = {
     'resume_missing': (['main_ce.py', '--resume', '/nonexistent/last.pth'], ['not found']),
     'bad_device': (['main_ce.py', '--device', 'tpu'], ['--device']),
     'chunk_negative': (['main_supcon.py', '--chunk_size', -1], ['--chunk_size']),
+    'queue_smaller_than_batch': (['main_supcon.py', '--queue_size', 100, '--batch_size', 128], ['--queue_size 100', '128']),
+    'moco_m_one': (['main_supcon.py', '--queue_size', 1024, '--moco_m', 1], ['--moco_m']),
+    'moco_m_without_queue': (['main_supcon.py', '--moco_m', 0.9], ['--moco_m needs --queue_size']),
+    'queue_with_margin_triplet': (['main_supcon.py', '--queue_size', 1024, '--simclr_loss', 'margin_triplet'],
+                                  ['--queue_size needs --simclr_loss ntxent']),
     'chunk_larger_than_batch': (['main_ce.py', '--chunk_size', 300, '--batch_size', 256], ['--chunk_size', '256']),
 }
 

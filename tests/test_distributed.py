@@ -23,6 +23,9 @@ CASES = {
     'SupCon+CARROT': ['--method', 'SupCon', '--carrot'],
     'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
     'CE+CARROT': ['--carrot'],
+    'SupCon-queue': ['--method', 'SupCon', '--queue_size', '64', '--moco_m', '0.9'],
+    'SimCLR-queue-m0': ['--method', 'SimCLR', '--queue_size', '64', '--moco_m', '0'],
+    'RASCAL-queue': ['--method', 'RASCAL', '--queue_size', '64', '--moco_m', '0.9', '--carrot'],
 }
 
 
@@ -50,6 +53,7 @@ def one_step(case, rank=0, world=1, train=False, chunk=0):
     from distributed import wrap_model
     from engine import setup
     from losses_carrot import CARROT
+    from memory_queue import MemoryQueue, MomentumEncoder
     from methods import get_method
     from networks import SupCEResNet, SupConResNet
     from options import parse_option
@@ -74,9 +78,19 @@ def one_step(case, rank=0, world=1, train=False, chunk=0):
     else:
         method = get_method(opt.method)
         criterion = method.build(opt, 200)
+        queue = key_encoder = None
+        if opt.queue_size:     # a partly filled queue (the same on every process), key-encoder BN in eval mode
+            queue = MemoryQueue(opt.queue_size, 128)
+            g = torch.Generator().manual_seed(5)
+            queue.enqueue(torch.randn(40, 128, generator=g), torch.randint(0, 3, (40,), generator=g),
+                          torch.randint(0, 200, (40,), generator=g))
+            key_encoder = MomentumEncoder(model, opt.moco_m).eval() if opt.moco_m else None
         for _ in range(2 if method.uses_ids else 1):
             model.zero_grad()
-            loss, stats = contrastive_step(opt, method, ddp_model, model, criterion, carrot, views, labels, ids)
+            loss, stats = contrastive_step(opt, method, ddp_model, model, criterion, carrot, views, labels, ids,
+                                           queue=queue, key_encoder=key_encoder)
+        if queue is not None:
+            out['queue'] = {k: v.clone() for k, v in queue.state_dict().items()}
         if method.uses_ids:
             out['cache'] = criterion.cache_feat.clone()
             out['cache_valid'] = criterion.cache_valid.clone()
@@ -153,6 +167,16 @@ def test_chunks_under_torchrun_equal_one_process(ranks, case):
         for name, grad in single['grads'].items():
             torch.testing.assert_close(ranks[r][f'chunked-{case}']['grads'][name], grad, rtol=1e-5, atol=1e-6,
                                        msg=f'{case} {name}')
+
+
+@pytest.mark.parametrize('case', [c for c in CASES if 'queue' in c])
+def test_queues_identical_on_every_rank(ranks, case):
+    """After the step(s) every process holds the same queue as one process on the concatenated batch."""
+    single = one_step(case)
+    for r in range(WORLD):
+        for key, value in single['queue'].items():
+            torch.testing.assert_close(ranks[r][case]['queue'][key], value, rtol=1e-5, atol=1e-6, msg=key)
+    assert int(single['queue']['ptr']) == (40 + BSZ * (2 if case.startswith('RASCAL') else 1)) % 64   # wraps
 
 
 def test_rascal_caches_identical_on_every_rank(ranks):

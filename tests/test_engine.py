@@ -125,3 +125,23 @@ def test_a_failing_torch_save_keeps_the_previous_checkpoint(tmp_path):
     run = only_run_folder(tmp_path)
     assert load(os.path.join(run, 'last.pth'))['epoch'] == 1
     assert os.listdir(run).count('last.pth') == 1 and not [f for f in os.listdir(run) if f.startswith('.tmp')]
+
+
+@pytest.mark.slow
+def test_sigterm_says_how_to_continue(tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, 'main_ce.py'), '--epochs', 5, *FAST, '--save_folder', tmp_path]
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, last = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:
+        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path) if 'last.pth' in fs]
+        if found:
+            time.sleep(0.5)
+            last = found[0]
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=120)
+    assert last is not None and proc.returncode == 143, err
+    assert err.strip().splitlines() == [f'main_ce.py: interrupted; the last complete checkpoint is intact: '
+                                        f'continue with --resume {last}']
+    assert load(last)['epoch'] >= 1

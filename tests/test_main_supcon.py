@@ -195,3 +195,41 @@ def test_chunked_methods_train(tmp_path, script, args):
     run_script(script, *args, '--epochs', 1, '--save_folder', tmp_path, *CHUNKED)
     row = read_metrics(only_run_folder(tmp_path))[0]
     assert float(row['train/loss']) > 0 and float(row['train/collapse/z_std_enc']) > 0
+
+
+# ---------------------------------------------------------------- the memory queue end to end
+QUEUED = ['--queue_size', 256, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000]
+
+
+def test_queue_trains_resumes_exactly_and_evaluates(tmp_path):
+    args = ['--moco_m', 0.99, *QUEUED]
+    run_script('main_supcon.py', '--epochs', 2, '--save_folder', tmp_path / 'a', *args)
+    ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))
+    run_script('main_supcon.py', '--epochs', 1, '--save_folder', tmp_path / 'b', *args)
+    last = os.path.join(only_run_folder(tmp_path / 'b'), 'last.pth')
+    run_script('main_supcon.py', '--epochs', 2, '--resume', last, *args)
+    resumed = load(last)
+    for part in ('model',):
+        for key, value in ref[part].items():
+            assert torch.equal(resumed[part][key], value), key
+    for name in ('queue', 'key_encoder'):
+        for key, value in ref['extra'][name].items():
+            assert torch.equal(resumed['extra'][name][key], value), f'{name}.{key}'
+    assert bool(resumed['extra']['queue']['valid'].all())
+    row = read_metrics(os.path.dirname(last))[-1]
+    assert float(row['train/queue/fill']) == 1.0 and 0 < float(row['train/queue/key_query_cos']) <= 1
+    assert float(row['train/queue/pos_per_anchor']) > 10 and float(row['train/queue/key_age']) > 1
+    out = run_script('main_linear.py', '--ckpt', last, '--epochs', 1, '--save_folder', tmp_path / 'lin', *FAST)
+    assert 'final test top-1' in out.stdout
+
+
+@pytest.mark.parametrize('args', [['--method', 'SimCLR', '--moco_m', 0],
+                                  ['--method', 'RASCAL', '--carrot', '--chunk_size', 24]])
+def test_queue_with_other_methods(tmp_path, args):
+    run_script('main_supcon.py', *args, '--epochs', 1, '--save_folder', tmp_path, *QUEUED)
+    run = only_run_folder(tmp_path)
+    assert '_queue_256_m_' in run
+    row = read_metrics(run)[0]
+    assert float(row['train/queue/fill']) > 0.8 and float(row['train/loss']) > 0    # the epoch mean: filling at first
+    if 'SimCLR' in args:
+        assert float(row['train/queue/pos_per_anchor']) == 0 and 'train/queue/key_query_cos' not in row

@@ -47,6 +47,13 @@ def test_watch_fires_once_on_collapse_and_never_on_healthy_runs():
     assert watch.check(1, {'train/collapse/z_std_enc': 0.04, 'train/carrot/L': 0.7}) is None
     message = watch.check(2, {'train/collapse/z_std_enc': 0.03, 'train/carrot/L': 0.995})
     assert 'carrot/L is 0.9950' in message and '--carrot_alpha_max' in message
+    watch = CollapseWatch()
+    assert watch.check(1, {'train/collapse/z_std_enc': 0.04, 'train/collapse/cos_enc': 0.7}) is None
+    assert 'collapse/cos_enc is 0.9970' in watch.check(2, {'train/collapse/z_std_enc': 0.03,
+                                                           'train/collapse/cos_enc': 0.997})
+    watch = CollapseWatch()
+    assert watch.check(1, {'train/collapse/z_std_enc': 0.04, 'train/carrot/L': 0.7}) is None
+    watch.check(2, {'train/collapse/z_std_enc': 0.03, 'train/carrot/L': 0.995})
     restored = CollapseWatch()
     restored.load_state_dict(watch.state_dict())         # checkpointed: a resumed run does not warn again
     assert restored.check(3, {'train/collapse/z_std_enc': 0.0001, 'train/carrot/L': 0.999}) is None
@@ -65,3 +72,17 @@ def test_warning_on_a_collapsed_run_and_statistics_in_metrics(tmp_path):
     for key in ('z_std_enc', 'cos_enc', 'z_std_proj', 'cos_proj'):
         assert f'train/collapse/{key}' in row
     assert float(row['train/carrot/L']) > 0.99
+
+
+@pytest.mark.slow
+def test_the_demo_stays_silent():
+    """The README's demo (SupCon on digits, 30 epochs, then linear evaluation) trains without a collapse warning."""
+    import subprocess
+    from helpers import ROOT
+    proc = subprocess.run(['bash', 'scripts/demo.sh', '0'], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHONUNBUFFERED='1'))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'warning:' not in proc.stdout and 'warning:' not in proc.stderr
+    assert proc.stdout.strip().splitlines()[-1].startswith('digits test accuracy')
+    run = only_run_folder(os.path.join(ROOT, 'save', 'demo', 'seed_0', 'pretrain'))
+    assert not os.path.exists(os.path.join(run, 'warnings.txt'))

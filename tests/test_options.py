@@ -89,10 +89,12 @@ ACCEPTED = {
     ('--carrot_weight', '0'): 'CARROT only measured (its statistics), not trained', ('--margin', '0'): 'a valid margin',
     ('--mean', '-1'): 'any number is a per-channel mean', ('--mean', '0'): 'the same',
     ('--num_workers', '0'): 'load in the main process', ('--chunk_size', '0'): 'gradient caching off (the default)',
+    ('--queue_size', '0'): 'no queue (the default)', ('--moco_m', '0'): 'no key encoder: the keys are the queries',
 }
 NEEDS = {   # flags that only mean something with another flag: given alone they are refused
     '--margin': ['--simclr_loss', 'margin_triplet'], '--rascal_weighting': ['--method', 'RASCAL'],
     '--carrot_alpha_max': ['--carrot'], '--carrot_weight': ['--carrot'], '--carrot_on': ['--carrot'],
+    '--moco_m': ['--queue_size', '1024'], '--shuffle_bn_splits': ['--queue_size', '1024'],
 }
 
 

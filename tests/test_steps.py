@@ -95,7 +95,7 @@ def reference_on_chunks(case, chunk, dropout):
     torch.manual_seed(1)
     chunks = steps.chunk_images(opt, views, chunk)
     h = steps.batch_order([model.encoder(c) for c in chunks], 2)
-    loss, _ = steps.supcon_loss_from_parts(opt, method, model, criterion, carrot, h, model.head(h),
+    loss, _, _ = steps.supcon_loss_from_parts(opt, method, model, criterion, carrot, h, model.head(h),
                                            labels.to(opt.device), ids, 2)
     loss.backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}, model

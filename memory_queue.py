@@ -1,0 +1,133 @@
+"""The label-aware memory queue and the momentum key encoder of ``main_supcon.py --queue_size K``
+(definition: ``docs/QUEUE.md``).
+
+:class:`MemoryQueue` is a FIFO of ``K`` sample-level keys with their labels and dataset ids; every piece
+of its state (the pointer too) is a persistent buffer, so checkpoints carry it. :class:`MomentumEncoder`
+is MoCo's slowly moving copy of the model (He et al. 2020). :func:`key_features` runs it with shuffled
+BatchNorm, so that batch statistics cannot leak which key belongs to which query.
+"""
+import copy
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from distributed import broadcast, gather, rank, world_size
+
+
+class QueueView(NamedTuple):
+    """What a loss reads of the queue: ``feat`` ``[K, D]`` unit keys, ``label`` ``[K]``, ``idx`` ``[K]``
+    dataset ids, ``valid`` ``[K]`` (written yet?). Entries that are not valid take no part in the loss."""
+    feat: torch.Tensor
+    label: torch.Tensor
+    idx: torch.Tensor
+    valid: torch.Tensor
+
+
+class MemoryQueue(nn.Module):
+    """A FIFO of ``size`` keys of dimension ``dim`` (``docs/QUEUE.md``, "State").
+
+    ``enqueue(keys, labels, ids)`` writes ``n <= size`` entries at the pointer, wrapping around, and
+    advances it; ``view()`` is what the loss reads; ``statistics(labels)`` the queue's statistics for a
+    batch with ``labels``. All state is in buffers (no host sync on the hot path).
+    """
+
+    def __init__(self, size, dim):
+        super().__init__()
+        if int(size) < 1 or int(dim) < 1:
+            raise ValueError(f'size and dim must be >= 1, got {size} and {dim}')
+        self.size = int(size)
+        self.register_buffer('feat', torch.zeros(self.size, int(dim)))
+        self.register_buffer('label', torch.full((self.size,), -1, dtype=torch.long))
+        self.register_buffer('idx', torch.full((self.size,), -1, dtype=torch.long))
+        self.register_buffer('valid', torch.zeros(self.size, dtype=torch.bool))
+        self.register_buffer('written', torch.zeros(self.size, dtype=torch.long))   # the step of each write
+        self.register_buffer('ptr', torch.zeros((), dtype=torch.long))
+        self.register_buffer('steps', torch.zeros((), dtype=torch.long))             # enqueues so far
+
+    def view(self):
+        return QueueView(self.feat, self.label, self.idx, self.valid)
+
+    @torch.no_grad()
+    def enqueue(self, keys, labels, ids):
+        """Write ``keys`` ``[n, D]`` (stored L2-normalized, float32), ``labels`` and ``ids`` ``[n]`` at the
+        pointer (wrapping around) and advance it by ``n``."""
+        n = keys.shape[0]
+        if n > self.size:
+            raise ValueError(f'{n} keys do not fit a queue of {self.size}')
+        slots = (self.ptr + torch.arange(n, device=self.ptr.device)) % self.size
+        self.feat[slots] = F.normalize(keys.float(), dim=1)
+        self.label[slots] = labels.reshape(-1).to(self.label)
+        self.idx[slots] = ids.reshape(-1).to(self.idx)
+        self.valid[slots] = True
+        self.written[slots] = self.steps
+        self.ptr.copy_((self.ptr + n) % self.size)
+        self.steps += 1
+
+    @torch.no_grad()
+    def statistics(self, labels=None):
+        """``queue/fill`` (fraction of valid entries), ``queue/key_age`` (mean steps since the valid entries
+        were written) and, with ``labels`` ``[B]``, ``queue/pos_per_anchor`` (valid same-label entries per
+        anchor; 0 without labels) as 0-d tensors."""
+        valid = self.valid.float()
+        n_valid = valid.sum().clamp(min=1)
+        stats = {'queue/fill': valid.mean(),
+                 'queue/key_age': ((self.steps - self.written).float() * valid).sum() / n_valid}
+        same = (self.label[None, :] == labels.reshape(-1, 1)) & self.valid if labels is not None else None
+        stats['queue/pos_per_anchor'] = same.sum(1).float().mean() if same is not None else valid.new_zeros(())
+        return stats
+
+
+class MomentumEncoder(nn.Module):
+    """A copy of the query model, without gradient, that follows it slowly (MoCo):
+    ``theta_k <- m * theta_k + (1 - m) * theta_q`` for every parameter, buffers (BatchNorm running
+    statistics) copied from the query model (``docs/QUEUE.md``, "State"). Starts equal to the query model."""
+
+    def __init__(self, model, momentum):
+        super().__init__()
+        if not 0 <= momentum < 1:
+            raise ValueError(f'momentum must be in [0, 1), got {momentum}')
+        self.momentum = momentum
+        self.model = copy.deepcopy(model)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, query):
+        for key_p, query_p in zip(self.model.parameters(), query.parameters()):
+            key_p.mul_(self.momentum).add_(query_p.detach(), alpha=1 - self.momentum)
+        for key_b, query_b in zip(self.model.buffers(), query.buffers()):
+            key_b.copy_(query_b)
+
+
+@torch.no_grad()
+def key_features(model, images, splits, forward):
+    """``forward(model, x)`` of ``images`` ``[N, ...]`` with shuffled BatchNorm; returns ``[N, D]`` in the
+    order of ``images``.
+
+    Under torchrun (MoCo's shuffle BN): the images of all processes are gathered and shuffled by one
+    permutation (rank 0's), each process encodes its slice, and the outputs are gathered and unshuffled.
+    In one process (what MoCo's authors do on one GPU): the images are shuffled and encoded in ``splits``
+    sub-batches, each normalized by its own statistics, then unshuffled.
+    """
+    n = images.shape[0]
+    if world_size() > 1:
+        everything = gather(images)
+        perm = broadcast(torch.randperm(everything.shape[0], device=images.device), 0)
+        mine = perm[rank() * n:(rank() + 1) * n]
+        out = gather(forward(model, everything[mine]))
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.shape[0], device=perm.device)
+        return out[inverse][rank() * n:(rank() + 1) * n]
+    perm = torch.randperm(n, device=images.device)
+    out = torch.cat([forward(model, part) for part in images[perm].chunk(max(1, min(splits, n)))])
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(n, device=perm.device)
+    return out[inverse]
+
+
+def sample_keys(features):
+    """``[B, V, D]`` view features -> ``[B, D]``: the normalized mean of each sample's views (the sample-level
+    summary the queue stores, as RASCAL's cache does)."""
+    return F.normalize(features.float().mean(1), dim=1)

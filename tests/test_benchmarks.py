@@ -1,0 +1,26 @@
+"""The benchmark scripts run (tiny settings): they are not timed tests, but they must not rot."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+pytestmark = pytest.mark.slow
+
+RUNS = {
+    'supcon_speed': ['--sizes', '64', '--reps', '1'],
+    'carrot_overhead': ['--skip_step', '--reps', '1'],
+    'rascal_overhead': ['--reps', '1'],
+    'chunk_memory': ['--model', 'resnet_tiny', '--size', '8', '--batches', '8,16', '--chunk', '4', '--steps', '1'],
+    'train_throughput': ['--models', 'resnet_tiny', '--batch_size', '8', '--steps', '1'],
+}
+
+
+@pytest.mark.parametrize('name', sorted(RUNS))
+def test_benchmark_runs(name):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', f'{name}.py'), *RUNS[name]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip()

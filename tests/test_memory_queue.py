@@ -1,0 +1,183 @@
+"""memory_queue.py and the losses' queue argument: SupConLoss and RASCALLoss with a memory queue against
+per-row loops written from docs/QUEUE.md; the queue's pointer and wrap-around; the momentum update."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import unit
+from losses import SupConLoss
+from losses_rascal import RASCALLoss
+from memory_queue import MemoryQueue, MomentumEncoder, QueueView, key_features, sample_keys
+
+
+def make_queue(k, d, n_valid, n_classes=3, n_ids=40, seed=0):
+    """A queue of ``k`` entries, the first ``n_valid`` written (ids in [0, n_ids))."""
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.arange(k) < n_valid
+    return QueueView(unit(k, d, seed=seed + 50), torch.randint(0, n_classes, (k,), generator=g),
+                     torch.randint(0, n_ids, (k,), generator=g), valid)
+
+
+def reference(features, labels, queue, tau=0.1, tau_base=0.07, weights=None):
+    """One anchor at a time: the contrast set is every other row and every valid queue entry; positives are
+    the same-label ones (the other views of the sample without labels; queue entries are then negatives).
+    ``weights(r, P)``: the weights over the positives (default uniform: SupCon, which takes the features as
+    given; RASCAL normalizes them)."""
+    bsz, n_views = features.shape[:2]
+    z = features.reshape(bsz, n_views, -1)
+    if weights is not None:
+        z = F.normalize(z, dim=-1)
+    rows = [z[b, v] for v in range(n_views) for b in range(bsz)]
+    sample = [b for v in range(n_views) for b in range(bsz)]
+    lab = None if labels is None else [int(labels[b]) for b in sample]
+    cols = [('row', c) for c in range(len(rows))] + [('queue', j) for j in range(queue.feat.shape[0])
+                                                      if bool(queue.valid[j])]
+    vec = lambda col: rows[col[1]] if col[0] == 'row' else queue.feat[col[1]].to(features.dtype)
+    total = features.sum() * 0.0
+    for r in range(len(rows)):
+        others = [c for c in cols if c != ('row', r)]
+        if not others:
+            continue
+        log_denom = torch.logsumexp(torch.stack([rows[r] @ vec(c) / tau for c in others]), 0)
+        if lab is None:
+            P = [c for c in others if c[0] == 'row' and sample[c[1]] == sample[r]]
+        else:
+            P = [c for c in others if (lab[c[1]] if c[0] == 'row' else int(queue.label[c[1]])) == lab[r]]
+        if not P:
+            continue
+        W = weights(r, P, rows, vec) if weights else [1.0 / len(P)] * len(P)
+        total = total + sum(w * (rows[r] @ vec(c) / tau - log_denom) for c, w in zip(P, W))
+    return -(tau / tau_base) * total / len(rows)
+
+
+def check(loss_fn, features, labels, queue, **kw):
+    x1, x2 = features.clone().requires_grad_(True), features.clone().requires_grad_(True)
+    got, want = loss_fn(x1), reference(x2, labels, queue, **kw)
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize('n_valid', [0, 5, 12, 20])          # empty, partly filled, full
+@pytest.mark.parametrize('supervised', [True, False])
+def test_supcon_with_a_queue_matches_the_reference(n_valid, supervised):
+    feats = unit(10, 2, 8, seed=n_valid)
+    labels = torch.randint(0, 3, (10,), generator=torch.Generator().manual_seed(n_valid))
+    queue = make_queue(20, 8, n_valid)
+    loss = SupConLoss(temperature=0.1, base_temperature=0.07)
+    y = labels if supervised else None
+    check(lambda x: loss(x, y, queue=queue), feats, y, queue)
+
+
+def test_an_empty_queue_equals_no_queue_exactly():
+    feats, labels = unit(12, 2, 8, seed=3, dtype=torch.float32), torch.arange(12) % 4
+    empty = make_queue(16, 8, 0)
+    for y in (labels, None):
+        assert torch.equal(SupConLoss(0.1)(feats, y, queue=empty), SupConLoss(0.1)(feats, y))
+    cache_feat, ids = unit(40, 8, seed=4, dtype=torch.float32), torch.randperm(40)[:12]
+    a, b = RASCALLoss(40, 8, 0.1, 0.1), RASCALLoss(40, 8, 0.1, 0.1)
+    for crit in (a, b):
+        crit.cache_feat.copy_(cache_feat)
+        crit.cache_valid.fill_(True)
+    got, want = a(feats, labels, ids, queue=empty), b(feats, labels, ids)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert torch.equal(a.cache_feat, b.cache_feat)
+
+
+def frac_rank_desc(values):
+    return [sum(y > x for y in values) + (sum(y == x for y in values) - 1) / 2 for x in values]
+
+
+def rascal_weights(cache_feat, cache_valid, sample_idx, queue, bsz):
+    """The agreement weights of docs/RASCAL.md over P(r), where a queue positive's sample is its dataset id."""
+    def sid(r_or_col):
+        kind, i = r_or_col
+        return int(sample_idx[i % bsz]) if kind == 'row' else int(queue.idx[i])
+
+    def weights(r, P, rows, vec):
+        m = len(P)
+        ids = [sid(c) for c in P]
+        if not bool(cache_valid[int(sample_idx[r % bsz])]) or not all(bool(cache_valid[i]) for i in ids):
+            return [1.0 / m] * m
+        cur = [float(rows[r].detach() @ vec(c).detach()) for c in P]
+        old = [float(cache_feat[int(sample_idx[r % bsz])] @ cache_feat[i]) for i in ids]
+        drift = [abs(a - b) / (m - 1) if m > 1 else 0.0 for a, b in zip(frac_rank_desc(cur), frac_rank_desc(old))]
+        w = [max(0.0, 1 - d) for d in drift]
+        return [x / sum(w) for x in w] if sum(w) > 1e-12 else [1.0 / m] * m
+    return weights
+
+
+@pytest.mark.parametrize('fill', [1.0, 0.7])      # 0.7: some queue entries' (and samples') cache entries missing
+@pytest.mark.parametrize('n_valid', [6, 20])
+def test_rascal_with_queue_positives_matches_the_reference(fill, n_valid):
+    g = torch.Generator().manual_seed(int(fill * 10) + n_valid)
+    feats, labels = unit(8, 2, 8, seed=n_valid), torch.randint(0, 3, (8,), generator=g)
+    sample_idx = torch.randperm(40, generator=g)[:8]
+    cache_feat, cache_valid = unit(40, 8, seed=9), torch.rand(40, generator=g) < fill
+    queue = make_queue(20, 8, n_valid, n_ids=40, seed=n_valid)
+    crit = RASCALLoss(40, 8, temperature=0.1, base_temperature=0.07).double()
+    crit.cache_feat.copy_(cache_feat)
+    crit.cache_valid.copy_(cache_valid)
+    dense = crit.weight_matrix(feats, labels, sample_idx, queue=queue)
+    assert dense.shape == (16, 36) and dense[:, 16:].sum() > 0          # queue positives carry weight
+    check(lambda x: crit(x, labels, sample_idx, queue=queue), feats, labels, queue,
+          weights=rascal_weights(cache_feat, cache_valid, sample_idx, queue, 8))
+    assert crit.last_stats['ranked_row_rate'] < 1 if fill < 1 else crit.last_stats['ranked_row_rate'] == 1
+
+
+def test_queue_pointer_wrap_around_and_statistics():
+    q = MemoryQueue(5, 3)
+    q.enqueue(torch.ones(3, 3), torch.tensor([0, 1, 2]), torch.tensor([10, 11, 12]))
+    assert int(q.ptr) == 3 and q.valid.tolist() == [True] * 3 + [False] * 2
+    assert float(q.statistics()['queue/fill']) == pytest.approx(0.6)
+    q.enqueue(2 * torch.eye(3), torch.tensor([3, 4, 5]), torch.tensor([13, 14, 15]))   # wraps: slots 3, 4, 0
+    assert int(q.ptr) == 1 and q.idx.tolist() == [15, 11, 12, 13, 14] and q.label.tolist() == [5, 1, 2, 3, 4]
+    torch.testing.assert_close(q.feat[0], torch.tensor([0., 0., 1.]))              # stored normalized
+    stats = q.statistics(torch.tensor([1, 1, 9]))
+    assert float(stats['queue/pos_per_anchor']) == pytest.approx(2 / 3)
+    assert float(stats['queue/key_age']) == pytest.approx((1 + 2 + 2 + 1 + 1) / 5)   # written at steps 0 and 1
+    q.enqueue(torch.ones(2, 3), torch.tensor([7, 7]), torch.tensor([1, 2]))          # a partial batch
+    assert int(q.ptr) == 3
+    state = q.state_dict()
+    assert {'feat', 'label', 'idx', 'valid', 'written', 'ptr', 'steps'} <= set(state)
+    again = MemoryQueue(5, 3)
+    again.load_state_dict(state)
+    assert torch.equal(again.feat, q.feat) and int(again.ptr) == 3
+    with pytest.raises(ValueError, match='do not fit'):
+        q.enqueue(torch.ones(6, 3), torch.zeros(6), torch.zeros(6))
+
+
+def test_momentum_update_equals_its_formula():
+    torch.manual_seed(0)
+    query = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    key = MomentumEncoder(query, 0.9)
+    assert all(torch.equal(a, b) for a, b in zip(key.model.parameters(), query.parameters()))
+    assert not any(p.requires_grad for p in key.model.parameters())
+    before = [p.clone() for p in key.model.parameters()]
+    with torch.no_grad():
+        for p in query.parameters():
+            p.add_(1.0)
+    query(torch.randn(8, 4))                                   # moves the BatchNorm running statistics
+    key.update(query)
+    for k, b, q in zip(key.model.parameters(), before, query.parameters()):
+        torch.testing.assert_close(k, 0.9 * b + 0.1 * q)
+    for k, q in zip(key.model.buffers(), query.buffers()):
+        assert torch.equal(k, q)
+    with pytest.raises(ValueError):
+        MomentumEncoder(query, 1.0)
+
+
+def test_shuffled_key_features_come_back_in_order():
+    """One process: shuffled sub-batches; with BatchNorm in eval mode the result is the plain forward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).eval()
+    x = torch.randn(12, 4)
+    got = key_features(model, x, 3, lambda m, part: m(part))
+    torch.testing.assert_close(got, model(x))
+    model.train()        # train mode: each shuffled sub-batch is normalized by its own statistics
+    assert not torch.allclose(key_features(model, x, 3, lambda m, part: m(part)), model(x))
+    keys = sample_keys(torch.stack([x, -x + 2], 1))
+    torch.testing.assert_close(keys, F.normalize((x + (-x + 2)) / 2, dim=1))
