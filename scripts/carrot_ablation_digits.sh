@@ -7,7 +7,9 @@
 # (15 epochs, resnet_tiny, batch 128, cosine; lr 0.2 and temperature 0.1, lr 0.1 for CE).
 # Prints the table (mean +- std over seeds, collapse-warning counts, the collapse monitor and CARROT's
 # lower wall at the last pre-training epoch) and saves it as save/carrot_ablation_digits/table.md.
-# About 45 minutes on a 2-core CPU (two runs at a time, one thread each).
+# The runs that scripts/ablation_digits.sh makes too (the methods without CARROT, and SupCon/CE + CARROT
+# with the default cap 1) are taken from save/ablation_digits when it holds them for the same epochs.
+# About 35 minutes on a 2-core CPU after ablation_digits.sh (two runs at a time, one thread each).
 #   bash scripts/carrot_ablation_digits.sh [EPOCHS] [SEEDS]          defaults: 15 "0 1 2"
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -30,8 +32,22 @@ declare -A VARIANT=([cap-inf]="--carrot_alpha_max inf" [cap-10]="--carrot_alpha_
                     [fixed-1]="--carrot_weight 1")
 VARIANTS="cap-inf cap-10 cap-1 fixed-1"
 
+# the same runs in scripts/ablation_digits.sh
+declare -A REUSE=([SupCon]=SupCon [RASCAL]=RASCAL-agreement [CE]=CE [SupCon-enc+CARROT-cap-1]=SupCon+CARROT
+                  [CE+CARROT-cap-1]=CE+CARROT)
+
+reused() {   # NAME SETTING SEED: copy the run from save/ablation_digits if it is there for $EPOCHS epochs
+    local from="save/ablation_digits/$2/${REUSE[$1]:-none}/seed_$3"
+    [ -d "$from/linear" ] && [ -n "$(find "$from/linear" -name results.json)" ] || return 1
+    local metrics; metrics="$(find "$from/pretrain" -name metrics.csv | head -n 1)"
+    [ -n "$metrics" ] && [ "$(tail -n 1 "$metrics" | cut -d, -f1)" = "$EPOCHS" ] || return 1
+    mkdir -p "$OUT/$2/$1" && cp -r "$from" "$OUT/$2/$1/seed_$3"
+    echo "reused: $2 $1 seed $3 (from $from)"
+}
+
 run_one() {   # NAME SETTING SEED ARGS...: pre-train, then linear evaluation on the 10 digit classes
     local name="$1" setting="$2" seed="$3"; shift 3
+    reused "$name" "$setting" "$seed" && return 0
     local dir="$OUT/$setting/$name/seed_$seed" granularity=fine
     [ "$setting" = coarse-to-fine ] && granularity=coarse
     local script="$1"; shift

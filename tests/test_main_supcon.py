@@ -202,7 +202,7 @@ QUEUED = ['--queue_size', 256, '--num_workers', 0, '--batch_size', 64, '--print_
 
 
 def test_queue_trains_resumes_exactly_and_evaluates(tmp_path):
-    args = ['--moco_m', 0.99, *QUEUED]
+    args = ['--moco_m', 0.99, '--shuffle_bn_splits', 4, *QUEUED]
     run_script('main_supcon.py', '--epochs', 2, '--save_folder', tmp_path / 'a', *args)
     ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))
     run_script('main_supcon.py', '--epochs', 1, '--save_folder', tmp_path / 'b', *args)
