@@ -118,8 +118,8 @@ runpy.run_path('main_supcon.py', run_name='__main__')
 
 @pytest.mark.slow
 def test_a_failing_torch_save_keeps_the_previous_checkpoint(tmp_path):
-    proc = subprocess.run([sys.executable, '-c', SAVE_FAILS, '--epochs', 3, *map(str, FAST),
-                           '--save_folder', str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, '-c', SAVE_FAILS, *map(str, ['--epochs', 3, *FAST, '--save_folder', tmp_path])],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYTHONPATH=ROOT))
     assert_one_line_error(proc, 'cannot write checkpoint', 'No space left on device', 'previous one is intact')
     run = only_run_folder(tmp_path)
