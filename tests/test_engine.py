@@ -79,7 +79,9 @@ def test_sigint_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
     ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))['model']
 
     cmd = [sys.executable, os.path.join(ROOT, 'main_supcon.py'), *map(str, args), '--save_folder', str(tmp_path / 'b')]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as in a terminal: a shell's background job (CI) inherits SIGINT ignored, and Python then keeps ignoring it
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline, last = time.time() + 300, None
     while time.time() < deadline and proc.poll() is None:
         found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path / 'b') if 'last.pth' in fs]
