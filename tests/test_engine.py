@@ -72,26 +72,35 @@ def test_unwritable_save_folder_fails_before_any_data(tmp_path, folder):
     assert time.time() - start < 60
 
 
+def signal_after_first_checkpoint(script, args, folder, signum, delay):
+    """Start ``script args``, send ``signum`` ``delay`` seconds after the first ``last.pth`` appears under
+    ``folder``; returns (finished process, that last.pth or None, stderr). The child gets SIGINT back, as a
+    terminal's foreground job has it (a shell's background job, as in CI, inherits it ignored)."""
+    cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline, last = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:
+        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(folder) if 'last.pth' in fs]
+        if found:
+            time.sleep(delay)
+            last = found[0]
+            proc.send_signal(signum)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=120)
+    return proc, last, err
+
+
 @pytest.mark.slow
 def test_sigint_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
     args = ['--epochs', 3, '--seed', 5, *FAST, '--batch_size', 64]
     run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'a')
     ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))['model']
 
-    cmd = [sys.executable, os.path.join(ROOT, 'main_supcon.py'), *map(str, args), '--save_folder', str(tmp_path / 'b')]
-    # as in a terminal: a shell's background job (CI) inherits SIGINT ignored, and Python then keeps ignoring it
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline, last = time.time() + 300, None
-    while time.time() < deadline and proc.poll() is None:
-        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path / 'b') if 'last.pth' in fs]
-        if found:                     # epoch 1 is saved: interrupt epoch 2 in the middle
-            time.sleep(1.0)
-            last = found[0]
-            proc.send_signal(signal.SIGINT)
-            break
-        time.sleep(0.02)
-    _, err = proc.communicate(timeout=120)
+    # epoch 1 is saved: interrupt epoch 2 in the middle
+    proc, last, err = signal_after_first_checkpoint('main_supcon.py', [*args, '--save_folder', tmp_path / 'b'],
+                                                    tmp_path / 'b', signal.SIGINT, delay=1.0)
     assert last is not None and proc.returncode == 130, err
     assert err.strip().splitlines() == [f'main_supcon.py: interrupted; the last complete checkpoint is intact: '
                                         f'continue with --resume {last}']
@@ -131,18 +140,8 @@ def test_a_failing_torch_save_keeps_the_previous_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_says_how_to_continue(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, 'main_ce.py'), '--epochs', 5, *FAST, '--save_folder', tmp_path]
-    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, last = time.time() + 300, None
-    while time.time() < deadline and proc.poll() is None:
-        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path) if 'last.pth' in fs]
-        if found:
-            time.sleep(0.5)
-            last = found[0]
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.02)
-    _, err = proc.communicate(timeout=120)
+    proc, last, err = signal_after_first_checkpoint('main_ce.py', ['--epochs', 5, *FAST, '--save_folder', tmp_path],
+                                                    tmp_path, signal.SIGTERM, delay=0.5)
     assert last is not None and proc.returncode == 143, err
     assert err.strip().splitlines() == [f'main_ce.py: interrupted; the last complete checkpoint is intact: '
                                         f'continue with --resume {last}']
