@@ -10,8 +10,12 @@ SupContrast pickle an ``argparse.Namespace`` under ``'opt'``; that single class 
 allow-listed for loading them (never ``weights_only=False``).
 """
 import argparse
+import errno
+import io
 import os
+import re
 import tempfile
+import warnings
 
 import torch
 
@@ -22,23 +26,66 @@ WRAPPER_PREFIXES = ('module', '_orig_mod')  # DataParallel / DDP and torch.compi
 
 
 def save_checkpoint(path, state):
-    """Write ``state`` to ``path`` through a temporary file and a rename, so a crash never leaves half a file."""
+    """Write ``state`` to ``path`` through a temporary file and a rename, so a crash never leaves half a file.
+
+    The checkpoint is serialized in memory first and written with plain file I/O, so a failing write
+    (disk full, quota, I/O error) is an ``OSError`` with its errno, which becomes one line naming the cause
+    and whether an earlier checkpoint is still there (torch's own writer reports a full disk as an internal
+    zip-position error)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_', suffix='.pth')
     try:
         with os.fdopen(fd, 'wb') as f:
-            torch.save(state, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, (OSError, RuntimeError)):   # disk full, quota, I/O error (torch wraps some as RuntimeError)
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f'cannot write checkpoint {path} ({reason}); the previous one is intact') from None
+        if isinstance(e, OSError):
+            raise UserError(f'cannot write checkpoint {path} ({write_failure(e, folder, len(buffer.getbuffer()))}); '
+                            + ('the previous one is intact' if os.path.isfile(path) else 'nothing was saved yet')) \
+                from None
         raise
+
+
+def write_failure(e, folder, size):
+    """Why writing ``size`` bytes into ``folder`` failed, in words (the OS reason, and free space when it ran out)."""
+    reason = e.strerror or str(e) or type(e).__name__
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = os.statvfs(folder)
+            reason += f': {size / 2**20:.1f} MB to write, {free.f_bavail * free.f_frsize / 2**20:.1f} MB free in {folder}'
+        except OSError:
+            pass
+    return reason
+
+
+def read_failure(path, e):
+    """Why ``torch.load`` could not read ``path``, in words: not a checkpoint at all, a truncated archive, or a
+    pickle that a weights-only load refuses."""
+    message = str(e).strip()
+    try:
+        with open(path, 'rb') as f:
+            head = f.read(8)
+    except OSError as err:
+        return err.strerror or str(err)
+    if not head:
+        return 'the file is empty'
+    if head.startswith(b'PK'):                           # torch.save's zip archive
+        if 'central directory' in message or 'zip archive' in message:
+            return 'the zip archive is incomplete (truncated, or still being written)'
+    elif head.startswith(b'\x80'):                       # a pickle: torch.save's legacy format, or plain pickle
+        found = re.search(r'Unsupported global: GLOBAL ([\w.]+)', message)
+        return (f'it holds a {found.group(1)} object, which a weights-only load refuses' if found else
+                'it is a pickle that torch.load cannot read with weights_only=True (not written by torch.save?)')
+    else:
+        return f'it is not a PyTorch checkpoint (torch.save writes a zip archive; this file starts with {head!r})'
+    return (message.splitlines()[0] if message else type(e).__name__)[:200]
 
 
 def load_checkpoint(path, what='checkpoint'):
@@ -46,11 +93,11 @@ def load_checkpoint(path, what='checkpoint'):
     if not path or not os.path.isfile(path):
         raise UserError(f'{what} not found: {path!r}')
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with torch.serialization.safe_globals([argparse.Namespace]), warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message='Detected pickle protocol')   # a plain pickle: said below
             ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f'cannot read {what} {path}: {reason[:200]}') from None
+        raise UserError(f'cannot read {what} {path}: {read_failure(path, e)}') from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt:
         raise UserError(f'{what} {path} has no model state (expected a dict with a "model" entry)')
     if 'config' not in ckpt and isinstance(ckpt.get('opt'), argparse.Namespace):

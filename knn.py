@@ -24,20 +24,33 @@ def extract_features(opt, encoder, loader):
     return torch.cat(feats), torch.cat(labels)
 
 
+def top_k_neighbours(sims, k):
+    """Indices ``[n, k]`` of the ``k`` largest entries of each row of ``sims`` ``[n, N]``, in increasing index
+    order. Ties at the k-th value go to the lowest training index, so the neighbours do not depend on how a
+    device's ``topk`` orders equal values (equal similarities are common: duplicated images)."""
+    kth = sims.topk(k, dim=1).values[:, -1:]
+    above = sims > kth
+    ties = sims == kth
+    chosen = above | (ties & (ties.cumsum(1) <= k - above.sum(1, keepdim=True)))
+    return chosen.nonzero()[:, 1].reshape(sims.shape[0], k)
+
+
 @torch.no_grad()
 def knn_predict(train_feats, train_labels, test_feats, num_classes, k=200, t=0.1, chunk=1024):
     """Predicted classes ``[M]`` of ``test_feats`` ``[M, D]`` from ``train_feats`` ``[N, D]`` (both
     L2-normalized) and ``train_labels`` ``[N]``: ``argmax_c sum_{j in topk(i)} exp(s_ij / t) [y_j = c]``.
 
-    ``k`` is capped at N. Rows are processed ``chunk`` at a time ([chunk, N] similarities).
+    ``k`` is capped at N. Deterministic on every device: ties at the k-th similarity go to the lowest
+    training index (:func:`top_k_neighbours`), votes are summed in index order (no atomic scatter), and a
+    tie between classes goes to the lowest class. Rows are processed ``chunk`` at a time ([chunk, N]).
     """
     k = min(k, train_feats.shape[0])
     preds = []
     for start in range(0, test_feats.shape[0], chunk):
         sims = test_feats[start:start + chunk] @ train_feats.T
-        top_sims, top_idx = sims.topk(k, dim=1)
-        votes = torch.zeros(sims.shape[0], num_classes, device=sims.device, dtype=sims.dtype)
-        votes.scatter_add_(1, train_labels[top_idx], (top_sims / t).exp())
+        top_idx = top_k_neighbours(sims, k)
+        weights = (sims.gather(1, top_idx) / t).exp()
+        votes = (F.one_hot(train_labels[top_idx], num_classes).to(weights.dtype) * weights[:, :, None]).sum(1)
         preds.append(votes.argmax(1))
     return torch.cat(preds)
 

@@ -33,6 +33,36 @@ def fractional_rank_desc(values, valid):
     return torch.empty_like(values).scatter_(-1, order, (first + last) / 2)
 
 
+class CachedSimilarities:
+    """``cache[i].cache[j]`` for every anchor id ``i`` of the batch and every column id ``j`` (batch samples,
+    and the dataset ids of the queue entries), computed **once per pair of ids**.
+
+    Columns that share a dataset id (both views of a sample, a sample that is in the batch and in the
+    queue, ids duplicated by ``DistributedSampler`` padding) have the same cached similarity by definition
+    (``docs/RASCAL.md``, "Ties are exact"); reading them from one entry of one table makes them equal in the code
+    too, whatever the BLAS, the CPU or the matrix shapes. Computing them along two paths (a batch block and
+    a queue block) can differ in the last bit, which breaks a tie and changes the ranks.
+
+    ``sample_idx`` ``[B]``, ``queue_ids`` ``[K]`` or ``None``. ``batch_col[b]`` / ``queue_col[j]``: the table
+    column of batch sample ``b`` / queue entry ``j``; ``lookup(anchor_samples, columns)`` reads the table
+    at the anchors' rows (batch sample indices) and the given table columns.
+    """
+
+    def __init__(self, cache_feat, sample_idx, queue_ids, dtype):
+        bsz = sample_idx.shape[0]
+        ids = sample_idx if queue_ids is None else torch.cat([sample_idx, queue_ids])
+        uniq, col = torch.unique(ids, return_inverse=True)          # one column per distinct id
+        anchor_uniq, self.anchor_row = torch.unique(col[:bsz], return_inverse=True)   # one row per batch id
+        feats = cache_feat[uniq].to(dtype)
+        self.table = feats[anchor_uniq] @ feats.T                     # [U_batch, U]
+        self.batch_col, self.queue_col = col[:bsz], col[bsz:]
+
+    def lookup(self, anchor_samples, columns):
+        """``table[row of anchor_samples[..., None]], columns[..., None, :]]``: anchors ``[C, K]`` (batch
+        sample indices) and columns ``[C, Q]`` give ``[C, K, Q]``."""
+        return self.table[self.anchor_row[anchor_samples][:, :, None], columns[:, None, :]]
+
+
 class Positives:
     """An anchor's positives inside its class block, and their similarities now and in the cache.
 
@@ -49,13 +79,13 @@ class Positives:
     def __init__(self, sims, labels, n_views, cache_feat, cache_valid, sample_idx, queue=None, queue_sims=None):
         bsz = labels.shape[0]
         sample_valid = cache_valid[sample_idx]
-        sample_cache = cache_feat[sample_idx].to(sims.dtype)
-        cached_sims = sample_cache @ sample_cache.T                # [B, B]
+        queue_ids = None if queue is None else queue.idx.clamp(min=0)
+        table = CachedSimilarities(cache_feat, sample_idx, queue_ids, sims.dtype)
         self.rows, self.present, _ = class_blocks(labels.repeat(n_views))
         self.pairs = block_pairs(self.present)
         self.current = sims[self.rows[:, :, None], self.rows[:, None, :]]
         sample_of = self.rows % bsz                                # view-major rows: r = v * B + b
-        self.cached = cached_sims[sample_of[:, :, None], sample_of[:, None, :]]
+        self.cached = table.lookup(sample_of, table.batch_col[sample_of])
         anchor_valid = sample_valid[sample_of]
         column_valid = anchor_valid                                # the cache entries of the columns' samples
         self.queue_cols = self.queue_present = None
@@ -65,13 +95,10 @@ class Positives:
             width = int(same.sum(1).max())
             self.queue_cols = torch.argsort((~same).to(torch.int8), dim=1, stable=True)[:, :width]
             self.queue_present = torch.gather(same, 1, self.queue_cols)
-            ids = queue.idx.clamp(min=0)
-            queue_cached = (sample_cache @ cache_feat[ids].to(sims.dtype).T)[sample_of[:, :, None],
-                                                                              self.queue_cols[:, None, :]]
             self.pairs = torch.cat([self.pairs, self.present[:, :, None] & self.queue_present[:, None, :]], -1)
             self.current = torch.cat([self.current, queue_sims[self.rows[:, :, None], self.queue_cols[:, None, :]]], -1)
-            self.cached = torch.cat([self.cached, queue_cached], -1)
-            column_valid = torch.cat([anchor_valid, (cache_valid[ids] & (queue.idx >= 0))[self.queue_cols]], -1)
+            self.cached = torch.cat([self.cached, table.lookup(sample_of, table.queue_col[self.queue_cols])], -1)
+            column_valid = torch.cat([anchor_valid, (cache_valid[queue_ids] & (queue.idx >= 0))[self.queue_cols]], -1)
         self.num_pos = self.pairs.sum(-1)
         self.cache_complete = anchor_valid & ~(self.pairs & ~column_valid[:, None, :]).any(-1)
         self.sample_valid = sample_valid

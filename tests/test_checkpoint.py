@@ -1,6 +1,7 @@
 """checkpoint.py through the scripts: corrupt, truncated and mismatched checkpoints are one-line errors;
 checkpoints of the original SupContrast and of torch.compile load."""
 import argparse
+import pickle
 
 import pytest
 import torch
@@ -11,14 +12,28 @@ pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
 
 
 def test_corrupt_checkpoints(tmp_path):
+    """Each says in words what the file is: not a checkpoint, empty, truncated, a pickle torch cannot read."""
     garbage = tmp_path / 'garbage.pth'
     garbage.write_bytes(b'not a checkpoint at all')
-    assert_one_line_error(run_script('main_linear.py', '--ckpt', garbage, check=False), 'cannot read')
-    assert_one_line_error(run_script('main_supcon.py', '--resume', garbage, check=False), 'cannot read')
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', garbage, check=False), 'cannot read',
+                          'is not a PyTorch checkpoint')
+    assert_one_line_error(run_script('main_supcon.py', '--resume', garbage, check=False), 'cannot read',
+                          'is not a PyTorch checkpoint')
+    notes = tmp_path / 'notes.txt'                     # the reported case: the reason was a bare number
+    notes.write_text('hello, these are my notes\n')
+    proc = run_script('main_linear.py', '--ckpt', notes, check=False)
+    assert_one_line_error(proc, 'cannot read', 'notes.txt: it is not a PyTorch checkpoint', "starts with b'hello, t'")
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', empty, check=False), 'the file is empty')
     truncated = tmp_path / 'trunc.pth'
     torch.save({'model': {'w': torch.zeros(1000)}}, truncated)
     truncated.write_bytes(truncated.read_bytes()[:300])
-    assert_one_line_error(run_script('main_linear.py', '--ckpt', truncated, check=False), 'cannot read')
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', truncated, check=False), 'cannot read',
+                          'zip archive is incomplete')
+    pickled = tmp_path / 'plain.pkl'
+    pickled.write_bytes(pickle.dumps({'model': {1, 2}}, protocol=4))
+    assert_one_line_error(run_script('main_linear.py', '--ckpt', pickled, check=False), 'cannot read', 'pickle')
 
 
 def test_checkpoint_model_mismatch(tiny_ckpt, tmp_path):

@@ -111,31 +111,49 @@ def test_sigint_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
         assert torch.equal(resumed[key], ref[key]), key
 
 
-SAVE_FAILS = '''
-import errno, runpy, sys
-import torch
-calls = {'n': 0}
-real_save = torch.save
-def save(*args, **kwargs):
+DISK_FULL_FROM = '''
+import os, runpy, sys, tempfile
+real_mkstemp, calls = tempfile.mkstemp, {'n': 0}
+def mkstemp(*args, **kwargs):        # checkpoint.save_checkpoint's temporary file
     calls['n'] += 1
-    if calls['n'] == 2:          # the second epoch's last.pth: the disk is full
-        raise OSError(errno.ENOSPC, 'No space left on device')
-    return real_save(*args, **kwargs)
-torch.save = save
+    fd, path = real_mkstemp(*args, **kwargs)
+    if calls['n'] >= int(os.environ['DISK_FULL_FROM']):   # from this save on, writes go to /dev/full: ENOSPC
+        os.close(fd)
+        fd = os.open('/dev/full', os.O_WRONLY)
+    return fd, path
+tempfile.mkstemp = mkstemp
 sys.argv = ['main_supcon.py'] + sys.argv[1:]
 runpy.run_path('main_supcon.py', run_name='__main__')
 '''
 
 
-@pytest.mark.slow
-def test_a_failing_torch_save_keeps_the_previous_checkpoint(tmp_path):
-    proc = subprocess.run([sys.executable, '-c', SAVE_FAILS, *map(str, ['--epochs', 3, *FAST, '--save_folder', tmp_path])],
+def run_with_full_disk(from_save, tmp_path, epochs=3):
+    """main_supcon.py on digits whose checkpoint writes fail with a real ENOSPC from the kernel (/dev/full)
+    from the ``from_save``-th checkpoint on."""
+    return subprocess.run([sys.executable, '-c', DISK_FULL_FROM,
+                           *map(str, ['--epochs', epochs, *FAST, '--save_folder', tmp_path])],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
-    assert_one_line_error(proc, 'cannot write checkpoint', 'No space left on device', 'previous one is intact')
+                          env=dict(os.environ, PYTHONPATH=ROOT, DISK_FULL_FROM=str(from_save)))
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+@pytest.mark.slow
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
+    proc = run_with_full_disk(2, tmp_path)             # epoch 1 saved, epoch 2's last.pth hits a full disk
+    assert_one_line_error(proc, 'cannot write checkpoint', 'No space left on device', 'MB free',
+                          'previous one is intact')
     run = only_run_folder(tmp_path)
     assert load(os.path.join(run, 'last.pth'))['epoch'] == 1
     assert os.listdir(run).count('last.pth') == 1 and not [f for f in os.listdir(run) if f.startswith('.tmp')]
+
+
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
+@pytest.mark.slow
+def test_a_full_disk_before_the_first_checkpoint_says_nothing_was_saved(tmp_path):
+    proc = run_with_full_disk(1, tmp_path, epochs=1)
+    assert_one_line_error(proc, 'cannot write checkpoint', 'No space left on device', 'nothing was saved yet')
+    assert 'previous' not in proc.stderr and 'inline_container' not in proc.stderr
+    assert not [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith('.pth')]
 
 
 @pytest.mark.slow

@@ -35,3 +35,20 @@ def test_knn_monitor_and_coarse_to_fine_linear(coarse_rascal_run, tmp_path):
                '--epochs', 1, '--save_folder', tmp_path, *FAST)
     results = json.load(open(os.path.join(only_run_folder(tmp_path), 'results.json')))
     assert len(results['final_test_per_class_acc']) == 10 and results['config']['eval_labels'] == 'fine'
+
+
+def test_knn_ties_go_to_the_lowest_index_and_the_lowest_class():
+    """Equal similarities (duplicated images) are resolved by a rule, not by how topk orders them."""
+    from knn import knn_predict, top_k_neighbours
+    e = torch.eye(4)
+    query = F.normalize(e[0] + e[1], dim=0)[None]                        # equally close to e0 and e1
+    bank = torch.stack([e[2], e[1], e[0], e[1], e[0], e[3]])             # duplicates of e1 and e0
+    for labels, k, want in (([0, 1, 2, 1, 2, 0], 1, 1),                  # index 1 (label 1) before 2, 3, 4
+                            ([0, 2, 1, 2, 1, 0], 1, 2),
+                            ([0, 1, 2, 2, 1, 0], 2, 1),                  # one vote each: the lower class
+                            ([0, 1, 2, 2, 1, 0], 3, 2)):                 # indices 1, 2, 3
+        assert int(knn_predict(bank, torch.tensor(labels), query, 3, k=k, t=0.1)) == want
+    sims = torch.tensor([[0.5, 0.9, 0.5, 0.5, 0.1, 0.5]])
+    assert top_k_neighbours(sims, 3).tolist() == [[0, 1, 2]]
+    assert top_k_neighbours(sims.flip(1), 3).tolist() == [[0, 2, 4]]           # 0.9 at 4, then ties 0, 2
+    assert top_k_neighbours(sims, 6).tolist() == [[0, 1, 2, 3, 4, 5]]

@@ -181,3 +181,92 @@ def test_shuffled_key_features_come_back_in_order():
     assert not torch.allclose(key_features(model, x, 3, lambda m, part: m(part)), model(x))
     keys = sample_keys(torch.stack([x, -x + 2], 1))
     torch.testing.assert_close(keys, F.normalize((x + (-x + 2)) / 2, dim=1))
+
+
+def dense_reference_weights(cache_feat, cache_valid, feats, labels, sample_idx, queue):
+    """The reference agreement weights as a dense ``[M, M + K]`` matrix (queue entry ``j`` in column ``M + j``)."""
+    bsz, n_views = feats.shape[:2]
+    z = F.normalize(feats, dim=-1)
+    rows = [z[b, v] for v in range(n_views) for b in range(bsz)]
+    lab = [int(labels[r % bsz]) for r in range(len(rows))]
+    cols = [('row', c) for c in range(len(rows))] + [('queue', j) for j in range(queue.feat.shape[0])
+                                                      if bool(queue.valid[j])]
+    vec = lambda col: rows[col[1]] if col[0] == 'row' else queue.feat[col[1]].to(feats.dtype)
+    weights = rascal_weights(cache_feat, cache_valid, sample_idx, queue, bsz)
+    dense = torch.zeros(len(rows), len(rows) + queue.feat.shape[0], dtype=torch.float64)
+    for r in range(len(rows)):
+        P = [c for c in cols if c != ('row', r) and
+             (lab[c[1]] if c[0] == 'row' else int(queue.label[c[1]])) == lab[r]]
+        for c, w in zip(P, weights(r, P, rows, vec) if P else []):
+            dense[r, c[1] if c[0] == 'row' else len(rows) + c[1]] = w
+    return dense
+
+
+def shared_id_case(dtype):
+    """A batch of 8 samples (2 views, 2 classes) whose ids 10..17 are all valid in the cache, and a queue
+    whose first entries carry batch ids with the batch's labels, at queue positions of the other parity
+    than the samples' batch positions: every anchor ties a batch positive with a queue positive."""
+    feats, labels = unit(8, 2, 8, seed=1, dtype=dtype), torch.tensor([0, 1, 0, 1, 0, 1, 0, 1])
+    sample_idx = torch.arange(10, 18)
+    cache_feat = unit(40, 8, seed=2, dtype=dtype)
+    cache_valid = torch.ones(40, dtype=torch.bool)
+    q_idx = torch.tensor([-1, 10, -1, 11, 14, 13, 20, 21, 22, 23])       # ids 10, 11 at odd, 14, 13 at other slots
+    q_label = torch.tensor([0, 0, 1, 1, 0, 1, 0, 1, 0, 1])
+    queue = QueueView(unit(10, 8, seed=3), q_label, q_idx.clamp(min=0), q_idx >= 0)
+    return feats, labels, sample_idx, cache_feat, cache_valid, queue
+
+
+def one_ulp_off_matmul(monkeypatch):
+    """Simulate another machine's BLAS: every 2-D matrix product rounds its odd output columns up by one ulp
+    (a kernel whose edge tiles accumulate in another order). One-dimensional dot products, which the
+    references use, are untouched."""
+    plain = torch.Tensor.__matmul__
+
+    def matmul(a, b):
+        out = plain(a, b)
+        if a.dim() == 2 and b.dim() == 2 and out.is_floating_point():
+            odd = (torch.arange(out.shape[1]) % 2 == 1).to(out.device)
+            d = out.detach()
+            out = out + torch.where(odd, torch.nextafter(d, torch.full_like(d, float('inf'))) - d, 0)
+        return out
+    monkeypatch.setattr(torch.Tensor, '__matmul__', matmul)
+
+
+@pytest.mark.parametrize('other_machine', [False, True])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_positives_sharing_an_id_tie_on_every_machine(dtype, other_machine, monkeypatch):
+    """docs/RASCAL.md, "Ties": cached similarities of columns that share a dataset id (both views of a sample,
+    the same sample in the batch and in the queue) are one number, whatever the matrix products round.
+    Power: the code before this test computed the batch and queue blocks in two products, and it fails here
+    with ``other_machine`` (and failed on a fresh machine without it)."""
+    feats, labels, sample_idx, cache_feat, cache_valid, queue = shared_id_case(dtype)
+    if other_machine:
+        one_ulp_off_matmul(monkeypatch)
+    crit = RASCALLoss(40, 8, temperature=0.1, base_temperature=0.07).to(dtype)
+    crit.cache_feat.copy_(cache_feat)
+    crit.cache_valid.copy_(cache_valid)
+    z = F.normalize(feats, dim=-1).transpose(0, 1).reshape(16, 8)
+    from losses_rascal import Positives
+    pos = Positives(z @ z.T, labels, 2, crit.cache_feat, crit.cache_valid, sample_idx, queue, z @ queue.feat.to(dtype).T)
+    col_ids = torch.cat([sample_idx.repeat(2)[pos.rows], queue.idx[pos.queue_cols]], 1)     # [C, K + Q]
+    same_id = (col_ids[:, :, None] == col_ids[:, None, :]) & pos.pairs.any(1)[:, :, None] & pos.pairs.any(1)[:, None, :]
+    assert int(same_id.sum()) > 2 * col_ids.numel()       # ties exist between different columns, by construction
+    for c in range(same_id.shape[0]):
+        for r in range(pos.rows.shape[1]):
+            if not bool(pos.present[c, r]):
+                continue
+            v = pos.cached[c, r]
+            a, b = same_id[c].nonzero(as_tuple=True)
+            assert torch.equal(v[a], v[b]), 'two columns with one id have different cached similarities'
+    want = dense_reference_weights(cache_feat, cache_valid, feats, labels, sample_idx, queue)
+    got = crit.weight_matrix(feats, labels, sample_idx, queue=queue).double()
+    assert want[:, 16:].sum() > 0
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-12)
+    tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-6, atol=1e-9)
+    x1, x2 = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    got_loss = crit(x1, labels, sample_idx, queue=queue)
+    want_loss = reference(x2, labels, queue, weights=rascal_weights(cache_feat, cache_valid, sample_idx, queue, 8))
+    torch.testing.assert_close(got_loss, want_loss.to(dtype), **tol)
+    got_loss.backward()
+    want_loss.backward()
+    torch.testing.assert_close(x1.grad, x2.grad, **tol)
