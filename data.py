@@ -226,7 +226,8 @@ class DatasetInfo:
     names)`` or ``None``; ``long_tail``: the training split is LDAM's long-tailed subset
     (``--imb_factor``); ``augment``: ``'natural'`` (crop + flip) or ``'digits'`` (no flips,
     milder crops); ``resize_eval``: resize + centre-crop test images to ``--size``;
-    ``needs_folder``: ``--data_folder`` must be given."""
+    ``needs_folder``: ``--data_folder`` must be given; ``in_memory``: the training images are one array in
+    memory (what ``--augment device`` puts on the device)."""
     load: Callable
     mean_std: Optional[tuple] = None
     size: int = 32
@@ -236,6 +237,7 @@ class DatasetInfo:
     augment: str = 'natural'
     resize_eval: bool = False
     needs_folder: bool = False
+    in_memory: bool = True
 
 
 # pixel statistics of the 8x8 digits scaled to [0, 1]
@@ -251,7 +253,7 @@ DATASETS = {
     'cifar100': DatasetInfo(_cifar(CIFAR100), _CIFAR100_MEAN_STD, coarse=_CIFAR100_COARSE),
     'cifar10_lt': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD, long_tail=True),
     'cifar100_lt': DatasetInfo(_cifar(CIFAR100), _CIFAR100_MEAN_STD, coarse=_CIFAR100_COARSE, long_tail=True),
-    'path': DatasetInfo(_path, None, resize_eval=True, needs_folder=True),
+    'path': DatasetInfo(_path, None, resize_eval=True, needs_folder=True, in_memory=False),
 }
 
 
@@ -322,9 +324,14 @@ def build_transform(opt, kind):
     return transforms.Compose(steps + [transforms.ToTensor(), normalize])
 
 
-def build_loader(opt, dataset, train):
+def build_loader(opt, dataset, train, kind=None, n_views=None):
     """Training loaders are split over torchrun processes (DistributedSampler, ``--batch_size / W``
-    per process); evaluation loaders are not: every process evaluates the whole split."""
+    per process); evaluation loaders are not: every process evaluates the whole split. With
+    ``--augment device`` a training loader is an :class:`augment.DeviceLoader` that augments batches on
+    the device as ``build_transform(opt, kind)`` would (``n_views`` views each, as ``TwoCropTransform``)."""
+    if train and opt.augment == 'device':
+        from augment import DeviceLoader
+        return DeviceLoader(opt, dataset, kind, n_views)
     sampler = None
     if train and opt.world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=opt.world_size, rank=opt.rank, shuffle=True,

@@ -17,7 +17,7 @@ def main(argv=None):
     opt = setup(parse_option('ce', argv))
     train_set = build_dataset(opt, True, build_transform(opt, 'train'))
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
-    train_loader = build_loader(opt, train_set, train=True)
+    train_loader = build_loader(opt, train_set, train=True, kind='train')
     counts = long_tail_class_counts(opt, train_set)
     test_loader = build_loader(opt, test_set, train=False)
     model = prepare_model(opt, SupCEResNet(opt.model, num_classes=num_classes(train_set)))

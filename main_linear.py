@@ -36,7 +36,7 @@ def main(argv=None):
         train_set = torch.utils.data.Subset(train_set, train_idx)
         loaders['val'] = build_loader(opt, torch.utils.data.Subset(held_out, val_idx), train=False)
     loaders['test'] = build_loader(opt, test_set, train=False)
-    train_loader = build_loader(opt, train_set, train=True)
+    train_loader = build_loader(opt, train_set, train=True, kind='train')
 
     classifier = LinearClassifier(opt.model, num_classes=n_cls).to(opt.device)
     ddp_classifier = wrap_model(opt, classifier)    # the classifier itself in one process

@@ -27,7 +27,7 @@ def main(argv=None):
     train_set = build_dataset(opt, True, TwoCropTransform(build_transform(opt, 'contrastive')))
     if method.uses_ids or opt.queue_size:     # the queue stores dataset ids too
         train_set = IndexedDataset(train_set)
-    loader = build_loader(opt, train_set, train=True)
+    loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=2)
     model = prepare_model(opt, SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim))
     ddp_model = wrap_model(opt, model)    # the model itself in one process
     criterion = method.build(opt, len(train_set)).to(opt.device)

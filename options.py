@@ -142,6 +142,9 @@ def build_parser(script):
     p.add_argument('--resume', default='', help='checkpoint (e.g. <run>/last.pth) to continue from')
     p.add_argument('--amp', choices=['none', 'bf16', 'fp16'], default='none', help='mixed precision')
     p.add_argument('--channels_last', action='store_true', help='channels-last memory format')
+    p.add_argument('--augment', choices=['cpu', 'device'], default='cpu',
+                   help='training augmentation: cpu (per image, PIL, DataLoader workers: SupContrast\'s) or device '
+                        '(the same pipeline batched on --device; in-memory datasets; docs/AUGMENT.md)')
     p.add_argument('--save_folder', default='./save', help='root of the run folders')
     return p
 
@@ -185,6 +188,10 @@ def validate(opt, script):
     info = dataset_info(opt.dataset)
     if info.mean_std is None:
         _check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
+    if opt.augment == 'device':
+        in_memory = ', '.join(name for name, row in DATASETS.items() if row.in_memory)
+        _check(info.in_memory, f'--augment device needs a dataset held in memory ({in_memory}); --dataset '
+                               f'{opt.dataset} decodes image files in DataLoader workers: use --augment cpu')
     if info.needs_folder:
         _check(opt.data_folder, f'--dataset {opt.dataset} needs --data_folder with train/ and val/ '
                                 f'ImageFolder sub-folders')
@@ -263,6 +270,8 @@ def run_name(opt, script):
         name += '_warm'
     if opt.amp != 'none':
         name += f'_{opt.amp}'
+    if opt.augment == 'device':
+        name += '_devaug'
     return name
 
 

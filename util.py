@@ -149,6 +149,15 @@ def set_seed(seed):
     torch.manual_seed(seed)
 
 
+GENERATORS = {}     # name -> torch.Generator of this process whose state travels with the RNG states
+
+
+def register_generator(name, generator):
+    """Make ``generator``'s state part of :func:`get_rng_state` / :func:`set_rng_state` (checkpoints, ``--resume``)."""
+    GENERATORS[name] = generator
+    return generator
+
+
 def get_rng_state():
     """All RNG states as tensors and plain values (loadable with ``weights_only=True``)."""
     np_state = np.random.get_state()
@@ -157,6 +166,8 @@ def get_rng_state():
                        'has_gauss': int(np_state[3]), 'cached_gaussian': float(np_state[4])}}
     if torch.cuda.is_available():
         state['cuda'] = torch.cuda.get_rng_state_all()
+    if GENERATORS:
+        state['generators'] = {name: g.get_state() for name, g in GENERATORS.items()}
     return state
 
 
@@ -169,6 +180,9 @@ def set_rng_state(state):
                          n['has_gauss'], n['cached_gaussian']))
     if 'cuda' in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state['cuda'])
+    for name, g_state in state.get('generators', {}).items():
+        if name in GENERATORS:
+            GENERATORS[name].set_state(g_state)
 
 
 def resolve_device(name):

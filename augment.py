@@ -1,0 +1,310 @@
+"""Augmentation on the training device (``--augment device``; definition: ``docs/AUGMENT.md``).
+
+``data.build_transform`` describes SupContrast's per-image PIL pipeline. This module is the same pipeline
+on a whole batch at once, on ``--device``: the parameters of every sample are drawn together by batched
+samplers with torchvision's distributions (:func:`sample_crops`, :func:`sample_jitter`, ...), and each
+operation is one function of a batch and its per-sample parameters (:func:`resized_crop`, :func:`hflip`,
+:func:`rotate`, :func:`adjust_brightness`, ...). Images are ``[N, C, H, W]`` float in ``[0, 1]``.
+
+:class:`BatchAugment` puts them together for one ``kind`` (``contrastive``, ``train``) and style
+(``natural``, ``digits``); :class:`DeviceLoader` keeps an in-memory training split on the device as one
+uint8 tensor and yields augmented batches with the structure of the DataLoader it replaces.
+"""
+import math
+
+import numpy as np
+import torch
+
+from datasets_indexed import IndexedDataset
+from util import UserError
+
+GRAY = (0.2989, 0.587, 0.114)          # torchvision's RGB -> luma weights for tensors
+
+
+# ---------------------------------------------------------------- operations (batch, per-sample parameters)
+def resize_weights(start, length, in_size, out_size):
+    """``[N, out_size, in_size]`` interpolation matrices of a crop ``[start, start + length)`` of an axis of
+    ``in_size`` pixels resized to ``out_size``: antialiased bilinear (a triangle filter stretched by the
+    down-scaling factor, normalized over the pixels inside the crop), the rule of PIL's bilinear resize and of
+    ``torch.nn.functional.interpolate(..., antialias=True)``; plain bilinear (``align_corners=False``, edges
+    clamped) when up-scaling. ``start``, ``length`` ``[N]`` integer tensors."""
+    scale = length.double() / out_size                                            # [N]
+    support = scale.clamp(min=1.0)
+    centre = (torch.arange(out_size, device=start.device, dtype=torch.float64)[None] + 0.5) * scale[:, None]
+    x = torch.arange(in_size, device=start.device, dtype=torch.float64)[None, None] - start[:, None, None]
+    inside = (x >= 0) & (x < length[:, None, None])
+    w = (1 - ((x + 0.5 - centre[:, :, None]) / support[:, None, None]).abs()).clamp(min=0) * inside
+    return (w / w.sum(-1, keepdim=True)).float()
+
+
+def resized_crop(images, top, left, height, width, size):
+    """Crop ``[top, top + height) x [left, left + width)`` of each image and resize it to ``size x size``
+    (torchvision's ``resized_crop`` with bilinear interpolation and antialias), as two batched matrix
+    products: ``Wy @ image @ Wx^T``."""
+    n, c, h, w = images.shape
+    wy = resize_weights(top, height, h, size).to(images.dtype)                 # [N, S, H]
+    wx = resize_weights(left, width, w, size).to(images.dtype)                 # [N, S, W]
+    rows = torch.bmm(images.reshape(n, c * h, w), wx.transpose(1, 2))          # [N, C*H, S]
+    rows = rows.reshape(n, c, h, size).transpose(1, 2).reshape(n, h, c * size)
+    return torch.bmm(wy, rows).reshape(n, size, c, size).transpose(1, 2).contiguous()
+
+
+def hflip(images, flip):
+    """Mirror the images where ``flip`` ``[N]`` is true."""
+    return torch.where(flip[:, None, None, None], images.flip(-1), images)
+
+
+def rotate(images, degrees):
+    """Rotate each image by ``degrees`` ``[N]`` (counter-clockwise) about its centre, nearest neighbour,
+    zeros outside: torchvision's ``rotate`` (same grid: pixel centres, ``align_corners=False``)."""
+    n, _, h, w = images.shape
+    rad = torch.deg2rad(-degrees.double())          # torchvision builds the inverse matrix of -angle
+    cos, sin = rad.cos(), rad.sin()
+    theta = torch.stack([torch.stack([cos, sin, torch.zeros_like(cos)], -1),
+                         torch.stack([-sin, cos, torch.zeros_like(cos)], -1)], 1).to(images.dtype)  # [N, 2, 3]
+    xs = torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, w, device=images.device, dtype=images.dtype)
+    ys = torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, h, device=images.device, dtype=images.dtype)
+    base = torch.stack([xs[None, :].expand(h, w), ys[:, None].expand(h, w), torch.ones(h, w, device=images.device,
+                                                                                     dtype=images.dtype)], -1)
+    scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], device=images.device, dtype=images.dtype)
+    grid = base.reshape(1, h * w, 3).expand(n, -1, -1).bmm(scaled).reshape(n, h, w, 2)
+    return torch.nn.functional.grid_sample(images, grid, mode='nearest', padding_mode='zeros', align_corners=False)
+
+
+def luma(images):
+    """``[N, 1, H, W]`` grayscale with torchvision's weights."""
+    r, g, b = images.unbind(1)
+    return (r * GRAY[0] + g * GRAY[1] + b * GRAY[2])[:, None]
+
+
+def _blend(a, b, factor):
+    return (factor[:, None, None, None] * a + (1 - factor[:, None, None, None]) * b).clamp(0, 1)
+
+
+def adjust_brightness(images, factor):
+    return (images * factor[:, None, None, None]).clamp(0, 1)
+
+
+def adjust_contrast(images, factor):
+    """Blend with the mean gray level of each image."""
+    return _blend(images, luma(images).mean((1, 2, 3), keepdim=True), factor)
+
+
+def adjust_saturation(images, factor):
+    """Blend with each image's grayscale version."""
+    return _blend(images, luma(images), factor)
+
+
+def adjust_hue(images, shift):
+    """Rotate the hue of each image by ``shift`` ``[N]`` turns (in ``[-0.5, 0.5]``): torchvision's HSV round
+    trip in closed form. With ``d = max - min`` (``= v s``) and the hue in sixths of a turn ``h6``, channel
+    ``n`` in ``(5, 3, 1)`` (R, G, B) is ``max - d clamp(min(k, 4 - k), 0, 1)``, ``k = (n + h6 + 6 shift) mod 6``."""
+    r, g, b = images.unbind(1)
+    maxc, minc = images.amax(1), images.amin(1)
+    delta = maxc - minc
+    safe = torch.where(delta == 0, torch.ones_like(delta), delta)       # gray pixels: d = 0, any hue
+    h6 = torch.where(maxc == r, (g - b) / safe, torch.where(maxc == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
+    n = torch.tensor([5.0, 3.0, 1.0], device=images.device, dtype=images.dtype)[None, :, None, None]
+    k = (n + (h6 + 6.0 * shift[:, None, None])[:, None]) % 6.0
+    return (maxc[:, None] - delta[:, None] * torch.minimum(k, 4.0 - k).clamp(0, 1)).clamp(0, 1)
+
+
+def grayscale(images, where):
+    """Replace the images where ``where`` ``[N]`` is true by their grayscale version (3 equal channels)."""
+    return torch.where(where[:, None, None, None], luma(images).expand_as(images), images)
+
+
+def normalize(images, mean, std):
+    mean = torch.as_tensor(mean, dtype=images.dtype, device=images.device)[None, :, None, None]
+    std = torch.as_tensor(std, dtype=images.dtype, device=images.device)[None, :, None, None]
+    return (images - mean) / std
+
+
+JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)   # ColorJitter's order of indices
+
+
+# ---------------------------------------------------------------- samplers (torchvision's distributions, batched)
+def uniform(generator, n, low, high, device):
+    return torch.rand(n, generator=generator, device=device) * (high - low) + low
+
+
+def sample_crops(generator, n, height, width, scale, ratio, device, tries=10):
+    """``RandomResizedCrop.get_params`` for ``n`` images at once: up to ``tries`` draws of an area fraction in
+    ``scale`` and a log-uniform aspect ratio in ``ratio``; the first draw whose rounded box fits is kept, else
+    the central crop of torchvision's fall-back; then a uniform position. Returns ``top, left, h, w`` ``[n]``."""
+    area = height * width
+    target = area * uniform(generator, (n, tries), scale[0], scale[1], device).double()
+    aspect = torch.exp(uniform(generator, (n, tries), math.log(ratio[0]), math.log(ratio[1]), device).double())
+    w = torch.round(torch.sqrt(target * aspect))
+    h = torch.round(torch.sqrt(target / aspect))
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = torch.argmax(fits.int(), 1)                                          # the first draw that fits
+    found = fits.any(1)
+    w = w.gather(1, first[:, None])[:, 0].long()
+    h = h.gather(1, first[:, None])[:, 0].long()
+    in_ratio = width / height                                                    # torchvision's fall-back
+    if in_ratio < min(ratio):
+        fw, fh = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        fw, fh = int(round(height * max(ratio))), height
+    else:
+        fw, fh = width, height
+    w = torch.where(found, w, torch.full_like(w, fw))
+    h = torch.where(found, h, torch.full_like(h, fh))
+    u = torch.rand(2, n, generator=generator, device=device)
+    top = torch.where(found, (u[0] * (height - h + 1)).long().clamp(max=height - h), (height - h) // 2)
+    left = torch.where(found, (u[1] * (width - w + 1)).long().clamp(max=width - w), (width - w) // 2)
+    return top, left, h, w
+
+
+def sample_jitter(generator, n, brightness, contrast, saturation, hue, device):
+    """``ColorJitter.get_params`` for ``n`` images: factors uniform in ``[max(0, 1 - x), 1 + x]`` (hue in
+    ``[-hue, hue]``) and a uniformly random order of the four operations per image (``[n, 4]``, indices into
+    :data:`JITTER_OPS`)."""
+    factors = [uniform(generator, n, max(0.0, 1 - x), 1 + x, device) for x in (brightness, contrast, saturation)]
+    factors.append(uniform(generator, n, -hue, hue, device))
+    order = torch.argsort(torch.rand(n, 4, generator=generator, device=device), 1)
+    return torch.stack(factors, 1), order
+
+
+def color_jitter(images, factors, order, apply):
+    """The four colour operations in each image's own order, on the images where ``apply`` is true."""
+    out = images.clone()
+    for position in range(4):
+        for op_index, op in enumerate(JITTER_OPS):
+            rows = torch.nonzero(apply & (order[:, position] == op_index)).flatten()
+            if rows.numel():
+                out[rows] = op(out[rows], factors[rows, op_index])
+    return out
+
+
+# ---------------------------------------------------------------- the pipeline
+class BatchAugment:
+    """``data.build_transform(opt, kind)`` for a batch of uint8 images ``[N, C, H, W]`` on one device.
+
+    ``style``: ``'natural'`` (RandomResizedCrop scale (0.2, 1) + horizontal flip) or ``'digits'``
+    (RandomResizedCrop scale (0.5, 1), ratio (0.8, 1.25) + rotation up to 10 degrees, nearest); ``kind
+    'contrastive'`` adds ColorJitter(0.4, 0.4, 0.4, 0.1) with probability 0.8 and grayscale with
+    probability 0.2. Then normalization with ``mean``, ``std``. Draws from ``generator`` only."""
+
+    def __init__(self, size, mean, std, style, kind, generator):
+        if kind not in ('contrastive', 'train') or style not in ('natural', 'digits'):
+            raise ValueError(f'no batched augmentation for kind {kind!r}, style {style!r}')
+        self.size, self.mean, self.std, self.style, self.kind = size, mean, std, style, kind
+        self.generator = generator
+        self.scale, self.ratio = ((0.5, 1.0), (0.8, 1.25)) if style == 'digits' else ((0.2, 1.0), (3 / 4, 4 / 3))
+
+    def sample(self, n, height, width, device):
+        """Every random parameter of ``n`` images, as a dict of ``[n, ...]`` tensors."""
+        g = self.generator
+        top, left, h, w = sample_crops(g, n, height, width, self.scale, self.ratio, device)
+        params = dict(top=top, left=left, height=h, width=w)
+        if self.style == 'digits':
+            params['degrees'] = uniform(g, n, -10.0, 10.0, device)
+        else:
+            params['flip'] = torch.rand(n, generator=g, device=device) < 0.5
+        if self.kind == 'contrastive':
+            params['jitter'] = torch.rand(n, generator=g, device=device) < 0.8
+            params['factors'], params['order'] = sample_jitter(g, n, 0.4, 0.4, 0.4, 0.1, device)
+            params['gray'] = torch.rand(n, generator=g, device=device) < 0.2
+        return params
+
+    def apply(self, images, params):
+        """The pipeline with given parameters: uint8 ``[N, C, H, W]`` -> normalized float ``[N, C, size, size]``."""
+        x = images.float() / 255.0
+        x = resized_crop(x, params['top'], params['left'], params['height'], params['width'], self.size)
+        x = rotate(x, params['degrees']) if self.style == 'digits' else hflip(x, params['flip'])
+        if self.kind == 'contrastive':
+            x = color_jitter(x, params['factors'], params['order'], params['jitter'])
+            x = grayscale(x, params['gray'])
+        return normalize(x, self.mean, self.std)
+
+    def __call__(self, images):
+        return self.apply(images, self.sample(images.shape[0], images.shape[-2], images.shape[-1], images.device))
+
+
+# ---------------------------------------------------------------- the training data on the device
+def in_memory_images(dataset):
+    """``(uint8 [N, H, W, C] numpy array, targets list)`` of a dataset whose images are held in memory:
+    ``data.Digits``, torchvision's CIFAR, and the views of them that ``data`` builds (``Relabeled`` subsets
+    and label maps, ``Subset``, ``IndexedDataset``)."""
+    from torch.utils.data import Subset
+    from data import Digits, Relabeled
+    if isinstance(dataset, IndexedDataset):
+        return in_memory_images(dataset.base)
+    if isinstance(dataset, Subset):
+        images, targets = in_memory_images(dataset.dataset)
+        idx = np.asarray(dataset.indices)
+        return images[idx], np.asarray(targets)[idx].tolist()
+    if isinstance(dataset, Relabeled):
+        images, _ = in_memory_images(dataset.base)
+        return images[np.asarray(dataset.indices)], list(dataset.targets)
+    if isinstance(dataset, Digits):
+        return np.stack([np.asarray(im) for im in dataset.images]), list(dataset.targets)
+    data = getattr(dataset, 'data', None)
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4:
+        return data, list(dataset.targets)
+    raise UserError(f'--augment device needs a training set held in memory (digits, cifar10, cifar100 and their '
+                    f'_lt and coarse forms), not {type(dataset).__name__}; use --augment cpu')
+
+
+def augment_generator(opt):
+    """This process's augmentation generator on ``opt.device``, seeded from ``--seed`` and the rank (its state
+    travels in checkpoints with the other RNG states, ``util.get_rng_state``)."""
+    from util import register_generator
+    g = torch.Generator(device=opt.device)
+    g.manual_seed((opt.seed * 1_000_003 + opt.rank * 7_919 + 0x5EED) % 2 ** 63)
+    return register_generator('augment', g)
+
+
+class DeviceLoader:
+    """The training loader of ``--augment device``: the split lives on ``opt.device`` as one uint8 tensor,
+    an epoch is a permutation of its indices (the shard ``DistributedSampler(shuffle=True, seed=--seed)`` would
+    give this process), and each batch is augmented by :class:`BatchAugment` on the device. No workers.
+
+    Yields what the DataLoader it replaces yields: ``(views list, labels)`` with ``n_views`` (contrastive),
+    ``(images, labels)`` without, and the dataset indices last for an :class:`IndexedDataset`."""
+
+    def __init__(self, opt, dataset, kind, n_views=None):
+        from data import dataset_info, mean_std
+        images, targets = in_memory_images(dataset)
+        self.dataset, self.n_views, self.with_ids = dataset, n_views, isinstance(dataset, IndexedDataset)
+        self.images = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(opt.device)
+        self.labels = torch.as_tensor(targets, dtype=torch.long, device=opt.device)
+        self.batch_size, self.seed, self.epoch = opt.local_batch_size, opt.seed, 0
+        self.world_size, self.rank = opt.world_size, opt.rank
+        self.channels_last = opt.channels_last
+        mean, std = mean_std(opt)
+        self.augment = BatchAugment(opt.size, mean, std, dataset_info(opt.dataset).augment, kind,
+                                    augment_generator(opt))
+        self.sampler = self                      # engine.train_loop calls loader.sampler.set_epoch(epoch)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def indices(self):
+        """This process's indices of the epoch: ``DistributedSampler``'s shuffle, padding and shard."""
+        n = self.images.shape[0]
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=g)
+        total = math.ceil(n / self.world_size) * self.world_size
+        if total > n:
+            order = torch.cat([order, order[:total - n]])
+        return order[self.rank:total:self.world_size].to(self.images.device)
+
+    def __len__(self):
+        return math.ceil(math.ceil(self.images.shape[0] / self.world_size) / self.batch_size)
+
+    def _augmented(self, x):
+        out = self.augment(x)
+        return out.contiguous(memory_format=torch.channels_last) if self.channels_last else out
+
+    def __iter__(self):
+        order = self.indices()
+        for start in range(0, order.shape[0], self.batch_size):
+            idx = order[start:start + self.batch_size]
+            x = self.images[idx]
+            images = [self._augmented(x) for _ in range(self.n_views)] if self.n_views else self._augmented(x)
+            batch = (images, self.labels[idx])
+            yield batch + (idx,) if self.with_ids else batch
