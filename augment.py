@@ -167,14 +167,24 @@ def sample_jitter(generator, n, brightness, contrast, saturation, hue, device):
     return torch.stack(factors, 1), order
 
 
-def color_jitter(images, factors, order, apply):
-    """The four colour operations in each image's own order, on the images where ``apply`` is true."""
-    out = images.clone()
+def color_jitter(images, factors, order, apply, sync_free=None):
+    """The four colour operations in each image's own order, on the images where ``apply`` is true.
+
+    On a CPU each operation runs on the rows that have it at that position (least arithmetic); on an
+    accelerator every operation runs on every row and ``where`` keeps the right ones, which needs no host
+    synchronization (selecting rows would wait for the GPU at each of the 16 (position, operation) pairs).
+    ``sync_free``: force one form (default: the second on any device but the CPU)."""
+    sync_free = images.device.type != 'cpu' if sync_free is None else sync_free
+    out = images
     for position in range(4):
         for op_index, op in enumerate(JITTER_OPS):
-            rows = torch.nonzero(apply & (order[:, position] == op_index)).flatten()
-            if rows.numel():
-                out[rows] = op(out[rows], factors[rows, op_index])
+            chosen = apply & (order[:, position] == op_index)
+            if not sync_free:
+                rows = torch.nonzero(chosen).flatten()
+                if rows.numel():
+                    out = out.index_put((rows,), op(out[rows], factors[rows, op_index]))
+            else:
+                out = torch.where(chosen[:, None, None, None], op(out, factors[:, op_index]), out)
     return out
 
 

@@ -81,6 +81,7 @@ def test_colour_jitter_applies_the_operations_in_each_images_order():
         for op_index in (order[i].tolist() if apply[i] else []):
             want = tv_ops[op_index](want, float(factors[i, op_index]))
         torch.testing.assert_close(got[i], want, rtol=0, atol=2e-6)
+    torch.testing.assert_close(A.color_jitter(x, factors, order, apply, sync_free=True), got, rtol=0, atol=1e-6)
 
 
 # ---------------------------------------------------------------- samplers
