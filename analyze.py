@@ -135,7 +135,7 @@ def main(argv=None):
         setattr(opt, key, config.get(key, default) if config.get('dataset') == opt.dataset else default)
     if info.mean_std is None and not (opt.mean and opt.std):
         raise UserError(f'--dataset {opt.dataset}: the checkpoint has no --mean/--std to reuse')
-    opt.model, opt.num_workers, opt.amp, opt.channels_last = None, 0, 'none', False
+    opt.model, opt.num_workers, opt.amp, opt.channels_last, opt.augment = None, 0, 'none', False, 'cpu'
     opt.device = resolve_device(opt.device)
     if opt.max_points < 10:
         raise UserError(f'--max_points must be >= 10, got {opt.max_points}')

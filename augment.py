@@ -195,10 +195,11 @@ class BatchAugment:
     ``style``: ``'natural'`` (RandomResizedCrop scale (0.2, 1) + horizontal flip) or ``'digits'``
     (RandomResizedCrop scale (0.5, 1), ratio (0.8, 1.25) + rotation up to 10 degrees, nearest); ``kind
     'contrastive'`` adds ColorJitter(0.4, 0.4, 0.4, 0.1) with probability 0.8 and grayscale with
-    probability 0.2. Then normalization with ``mean``, ``std``. Draws from ``generator`` only."""
+    probability 0.2. Then normalization with ``mean``, ``std``; ``kind 'eval'`` is the normalization alone
+    (the in-memory datasets' evaluation transform). Draws from ``generator`` only."""
 
-    def __init__(self, size, mean, std, style, kind, generator):
-        if kind not in ('contrastive', 'train') or style not in ('natural', 'digits'):
+    def __init__(self, size, mean, std, style, kind, generator=None):
+        if kind not in ('contrastive', 'train', 'eval') or style not in ('natural', 'digits'):
             raise ValueError(f'no batched augmentation for kind {kind!r}, style {style!r}')
         self.size, self.mean, self.std, self.style, self.kind = size, mean, std, style, kind
         self.generator = generator
@@ -206,6 +207,8 @@ class BatchAugment:
 
     def sample(self, n, height, width, device):
         """Every random parameter of ``n`` images, as a dict of ``[n, ...]`` tensors."""
+        if self.kind == 'eval':
+            return {}
         g = self.generator
         top, left, h, w = sample_crops(g, n, height, width, self.scale, self.ratio, device)
         params = dict(top=top, left=left, height=h, width=w)
@@ -222,6 +225,8 @@ class BatchAugment:
     def apply(self, images, params):
         """The pipeline with given parameters: uint8 ``[N, C, H, W]`` -> normalized float ``[N, C, size, size]``."""
         x = images.float() / 255.0
+        if self.kind == 'eval':
+            return normalize(x, self.mean, self.std)
         x = resized_crop(x, params['top'], params['left'], params['height'], params['width'], self.size)
         x = rotate(x, params['degrees']) if self.style == 'digits' else hflip(x, params['flip'])
         if self.kind == 'contrastive':
@@ -268,9 +273,10 @@ def augment_generator(opt):
 
 
 class DeviceLoader:
-    """The training loader of ``--augment device``: the split lives on ``opt.device`` as one uint8 tensor,
+    """The loaders of ``--augment device``: the split lives on ``opt.device`` as one uint8 tensor. For training,
     an epoch is a permutation of its indices (the shard ``DistributedSampler(shuffle=True, seed=--seed)`` would
-    give this process), and each batch is augmented by :class:`BatchAugment` on the device. No workers.
+    give this process) and each batch is augmented by :class:`BatchAugment` on the device; for evaluation
+    (``kind 'eval'``) every process reads the whole split in order, normalized. No workers.
 
     Yields what the DataLoader it replaces yields: ``(views list, labels)`` with ``n_views`` (contrastive),
     ``(images, labels)`` without, and the dataset indices last for an :class:`IndexedDataset`."""
@@ -281,12 +287,14 @@ class DeviceLoader:
         self.dataset, self.n_views, self.with_ids = dataset, n_views, isinstance(dataset, IndexedDataset)
         self.images = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(opt.device)
         self.labels = torch.as_tensor(targets, dtype=torch.long, device=opt.device)
-        self.batch_size, self.seed, self.epoch = opt.local_batch_size, opt.seed, 0
-        self.world_size, self.rank = opt.world_size, opt.rank
+        self.train = kind != 'eval'
+        self.batch_size = opt.local_batch_size if self.train else opt.batch_size
+        self.seed, self.epoch = opt.seed, 0
+        self.world_size, self.rank = (opt.world_size, opt.rank) if self.train else (1, 0)
         self.channels_last = opt.channels_last
         mean, std = mean_std(opt)
         self.augment = BatchAugment(opt.size, mean, std, dataset_info(opt.dataset).augment, kind,
-                                    augment_generator(opt))
+                                    augment_generator(opt) if self.train else None)
         self.sampler = self                      # engine.train_loop calls loader.sampler.set_epoch(epoch)
 
     def set_epoch(self, epoch):
@@ -295,6 +303,8 @@ class DeviceLoader:
     def indices(self):
         """This process's indices of the epoch: ``DistributedSampler``'s shuffle, padding and shard."""
         n = self.images.shape[0]
+        if not self.train:
+            return torch.arange(n, device=self.images.device)
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
         order = torch.randperm(n, generator=g)

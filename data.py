@@ -328,10 +328,11 @@ def build_loader(opt, dataset, train, kind=None, n_views=None):
     """Training loaders are split over torchrun processes (DistributedSampler, ``--batch_size / W``
     per process); evaluation loaders are not: every process evaluates the whole split. With
     ``--augment device`` a training loader is an :class:`augment.DeviceLoader` that augments batches on
-    the device as ``build_transform(opt, kind)`` would (``n_views`` views each, as ``TwoCropTransform``)."""
-    if train and opt.augment == 'device':
+    the device as ``build_transform(opt, kind)`` would (``n_views`` views each, as ``TwoCropTransform``), and an
+    evaluation loader reads the split from the device (normalized, in order)."""
+    if opt.augment == 'device':
         from augment import DeviceLoader
-        return DeviceLoader(opt, dataset, kind, n_views)
+        return DeviceLoader(opt, dataset, kind if train else 'eval', n_views)
     sampler = None
     if train and opt.world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=opt.world_size, rank=opt.rank, shuffle=True,

@@ -282,3 +282,23 @@ def test_device_augmentation_where_it_cannot_apply(tmp_path):
     proc = run_script('main_supcon.py', '--dataset', 'path', '--data_folder', folder, '--mean', '0.5', '--std', '0.5',
                       '--augment', 'device', '--save_folder', tmp_path / 'save', check=False)
     assert_one_line_error(proc, '--augment device needs a dataset held in memory', 'use --augment cpu')
+
+
+def test_evaluation_loaders_equal_the_cpu_evaluation_transform():
+    """``--augment device`` evaluation loaders: the whole split in order, normalized like ToTensor + Normalize;
+    creating one leaves the training generator registered."""
+    import argparse
+    from data import Digits, build_loader, build_transform
+    from util import GENERATORS
+    opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None, local_batch_size=64, batch_size=100,
+                             seed=0, world_size=2, rank=1, device=torch.device('cpu'), channels_last=False,
+                             augment='device', num_workers=0)
+    train = build_loader(opt, Digits(train=True, size=16), train=True, kind='train')
+    g = GENERATORS['augment']
+    test = Digits(train=False, size=16, transform=build_transform(opt, 'eval'))
+    loader = build_loader(opt, Digits(train=False, size=16), train=False)
+    assert GENERATORS['augment'] is g and len(loader) == math.ceil(len(test) / 100) and train.train
+    got = torch.cat([x for x, _ in loader])
+    want = torch.stack([test[i][0] for i in range(len(test))])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert torch.cat([y for _, y in loader]).tolist() == test.targets
