@@ -36,6 +36,9 @@ def test_resized_crop_equals_torchvision(size):
     want = per_image(lambda im, t, l, hh, ww: TF.resized_crop(im, t, l, hh, ww, [size, size], antialias=True),
                      x, top, left, h, w)
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    flip = torch.tensor([True, False, True, True, False, False])
+    torch.testing.assert_close(A.resized_crop(x * 255, top, left, h, w, size, flip=flip, scale=1 / 255),
+                               A.hflip(want, flip), rtol=0, atol=4e-6)       # flip and scaling folded in
 
 
 def test_flip_rotate_grayscale_normalize_equal_torchvision():
@@ -166,6 +169,16 @@ def view_statistics(views_a, views_b):
     both = torch.cat([views_a, views_b])
     cos = F.cosine_similarity(views_a.flatten(1), views_b.flatten(1), dim=1).mean()
     return both.mean((0, 2, 3)), both.std((0, 2, 3)), cos
+
+
+def test_chunked_application_changes_nothing():
+    x = (images(300, 20, 20) * 255).to(torch.uint8)
+    for style in ('natural', 'digits'):
+        aug = A.BatchAugment(16, (0.5,) * 3, (0.3,) * 3, style, 'contrastive', torch.Generator().manual_seed(0))
+        p = aug.sample(300, 20, 20, 'cpu')
+        whole = aug.apply(x, p)
+        aug.CPU_CHUNK = 1000
+        assert torch.equal(aug.apply(x, p), whole)
 
 
 def test_cpu_and_device_pipelines_agree_on_digits_statistics():
