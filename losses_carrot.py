@@ -125,7 +125,7 @@ class _InjectGrad(torch.autograd.Function):
         return (None, None, *[grad_out * g if g is not None else None for g in ctx.grads])
 
 
-def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=1.0, reduce_sum=None):
+def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=1.0, reduce_sum=None, stats=None):
     """``total = loss_base + alpha * reg`` with ``alpha = min(alpha_max, ||d base/d h|| / (||d reg/d h|| + 1e-12))``
     (``docs/CARROT.md``, "The weight alpha").
 
@@ -144,6 +144,8 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
     is one process's slice of the batch, the two squared norms are summed over processes before
     the ratio, so ``alpha`` is the norm ratio over the whole batch (a common factor of all slices'
     gradients, such as the world size a gradient-keeping gather introduces, cancels).
+    ``stats``: a dict that receives ``ratio`` (the uncapped norm ratio, also with a fixed ``weight``) and
+    ``cap_binds`` (1 when the cap lowered alpha, else 0), 0-d tensors, so the balance can be seen.
     Returns ``(total, alpha)``.
     """
     params = [p for p in params if p.requires_grad]
@@ -156,16 +158,19 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
         g_reg = None
     if g_reg is None:
         g_reg = torch.zeros_like(h)
+    sq = torch.stack([g_base[0].float().square().sum(), g_reg.float().square().sum()])
+    if reduce_sum is not None:
+        sq = reduce_sum(sq)
+    base_norm, reg_norm = sq.sqrt().unbind()
+    ratio = torch.where(reg_norm > 0, base_norm / (reg_norm + 1e-12), torch.zeros_like(reg_norm))
     if weight is not None:
         alpha = torch.as_tensor(float(weight), device=h.device)
+        binds = torch.zeros((), device=h.device)
     else:
-        sq = torch.stack([g_base[0].float().square().sum(), g_reg.float().square().sum()])
-        if reduce_sum is not None:
-            sq = reduce_sum(sq)
-        base_norm, reg_norm = sq.sqrt().unbind()
-        alpha = torch.where(reg_norm > 0, base_norm / (reg_norm + 1e-12), torch.zeros_like(reg_norm))
-        if alpha_max is not None:
-            alpha = alpha.clamp(max=float(alpha_max))
+        alpha = ratio.clamp(max=float(alpha_max)) if alpha_max is not None else ratio
+        binds = (alpha < ratio).float()
+    if stats is not None:
+        stats.update(ratio=ratio.detach(), cap_binds=binds)
     g_h = g_base[0] + alpha.to(g_reg.dtype) * g_reg
     value = loss_base.detach() + (alpha * reg.detach().float()).to(loss_base.dtype)
     total = _InjectGrad.apply(value, [g_h.to(h.dtype), *g_base[1:]], h, *params)

@@ -33,9 +33,11 @@ def carrot_term(opt, carrot, base, h, labels, params=()):
     the step's statistics. ``params``: parameters between ``h`` and ``base`` (head, classifier)."""
     # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
     reg = carrot(gather_with_grad(h), gather(labels))
+    balance = {}
     total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=opt.carrot_weight,
-                                            alpha_max=opt.carrot_alpha_max, reduce_sum=all_reduce_sum)
-    return total, {**{f'carrot/{k}': v for k, v in carrot.last_stats.items()}, 'carrot/alpha': alpha}
+                                            alpha_max=opt.carrot_alpha_max, reduce_sum=all_reduce_sum, stats=balance)
+    return total, {**{f'carrot/{k}': v for k, v in carrot.last_stats.items()}, 'carrot/alpha': alpha,
+                   'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
 
 
 # ---------------------------------------------------------------- the losses, from the model's outputs

@@ -202,10 +202,15 @@ def test_cap_on_the_balanced_ratio(alpha_max):
         (gr,) = torch.autograd.grad(reg, h, retain_graph=True)
         ratio = float(gb.norm() / (gr.norm() + 1e-12))
         kw = {} if alpha_max == 1.0 else {'alpha_max': alpha_max}      # 1 is the default
-        _, alpha = grad_balanced_total_loss(base, reg, h, params=head.parameters(), **kw)
+        balance = {}
+        _, alpha = grad_balanced_total_loss(base, reg, h, params=head.parameters(), stats=balance, **kw)
         want = min(ratio, alpha_max) if alpha_max is not None else ratio
         assert float(alpha) == pytest.approx(want, rel=1e-6)
+        assert float(balance['ratio']) == pytest.approx(ratio, rel=1e-6)          # the uncapped ratio, logged
+        assert float(balance['cap_binds']) == float(alpha_max is not None and ratio > alpha_max)
     head, h, y = _setup(0)
     reg, _ = carrot(h, y, 0.75, 0.25)
-    _, fixed = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), weight=5.0)
-    assert float(fixed) == 5.0
+    balance = {}
+    _, fixed = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), weight=5.0,
+                                        stats=balance)
+    assert float(fixed) == 5.0 and float(balance['cap_binds']) == 0 and float(balance['ratio']) > 0
