@@ -9,6 +9,12 @@ Each argument is ``LABEL=PATTERN``: every ``results.json`` at or below the folde
 evaluated (the pre-training run a linear evaluation read, or the CE run itself) and a ``collapse
 warnings`` column: how many of those runs the collapse monitor (``monitors.CollapseWatch``) flags
 when their epochs are replayed through it.
+
+``--baseline LABEL`` adds, for every other row, the paired difference of ``--paired_metric`` (default: test
+top-1) from the baseline row over the seeds both rows have (runs paired by their ``--seed``): the mean
+difference with a 95 % confidence interval from Student's t over seeds (``mean ± t(0.975, n - 1) · sd / √n``)
+and whether that interval excludes 0. Seeds-matched differences remove the share of the variance that a seed
+gives both methods alike (the data order, the initialization), which unpaired mean ± std columns keep.
 """
 import argparse
 import csv
@@ -23,7 +29,8 @@ from util import UserError, run_cli
 
 COLUMNS = [('final_test_acc', 'test top-1 (%)', 2), ('final_test_ece', 'ECE', 4), ('final_test_nll', 'NLL', 4),
            ('final_test_many_acc', 'many-shot (%)', 2), ('final_test_medium_acc', 'medium-shot (%)', 2),
-           ('final_test_few_acc', 'few-shot (%)', 2)]
+           ('final_test_few_acc', 'few-shot (%)', 2), ('final_test_knn_acc', 'kNN top-1 (%)', 2),
+           ('final_test_within_superclass_acc', 'within-superclass (%)', 2)]
 
 
 def find_results(pattern):
@@ -67,11 +74,53 @@ def add_training_metrics(path, results, names):
         for row in rows))
 
 
-def table(rows, train_metrics=()):
+def paired_difference(results, baseline, key):
+    """``(n, mean, half-width of the 95 % t interval or None)`` of ``results[key] - baseline[key]`` over the seeds
+    both lists have (``config.seed``; each seed at most once per list)."""
+    def by_seed(rs):
+        seeds = {}
+        for r in rs:
+            seed = r.get('config', {}).get('seed')
+            if seed is None:
+                raise UserError('cannot pair runs by seed: a results.json has no config.seed')
+            if seed in seeds:
+                raise UserError(f'cannot pair runs by seed: seed {seed} occurs twice in one row')
+            if key in r:
+                seeds[seed] = r[key]
+        return seeds
+    mine, base = by_seed(results), by_seed(baseline)
+    diffs = [mine[s] - base[s] for s in sorted(set(mine) & set(base))]
+    if not diffs:
+        return 0, None, None
+    mean, sd = mean_std(diffs)
+    if sd is None:
+        return 1, mean, None
+    from scipy.stats import t
+    return len(diffs), mean, float(t.ppf(0.975, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
+
+
+def paired_cells(label, results, rows, baseline, key):
+    if label == baseline:
+        return ['(baseline)', '']
+    n, mean, half = paired_difference(results, dict(rows)[baseline], key)
+    if n == 0:
+        return ['no common seeds', '']
+    if half is None:
+        return [f'{mean:+.2f} (1 seed)', '']
+    return [f'{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}] (n={n})',
+            'yes' if mean - half > 0 or mean + half < 0 else 'no']
+
+
+def table(rows, train_metrics=(), baseline=None, paired_metric='final_test_acc'):
     """``rows``: [(label, [results dicts])] -> markdown (columns present in any run)."""
     cols = [c for c in COLUMNS if any(c[0] in r for _, rs in rows for r in rs)]
     cols += [(f'train:{name}', f'{name} (last epoch)', 4) for name in train_metrics]
     heads = [c[1] for c in cols] + (['collapse warnings'] if train_metrics else [])
+    if baseline is not None:
+        if baseline not in dict(rows):
+            raise UserError(f'--baseline {baseline!r} is not one of the rows ({", ".join(label for label, _ in rows)})')
+        name = dict((c[0], c[1]) for c in COLUMNS).get(paired_metric, paired_metric)
+        heads += [f'Δ {name} vs {baseline} (95 % CI, paired t over seeds)', 'CI excludes 0']
     lines = ['| run | seeds | ' + ' | '.join(heads) + ' |', '| --- | --- |' + ' --- |' * len(heads)]
     for label, results in rows:
         cells = []
@@ -84,6 +133,8 @@ def table(rows, train_metrics=()):
             cells.append(f'{mean:.{digits}f}' + ('' if std is None else f' ± {std:.{digits}f}'))
         if train_metrics:
             cells.append(f'{int(sum(r["train:warned"] for r in results))}/{len(results)}')
+        if baseline is not None:
+            cells += paired_cells(label, results, rows, baseline, paired_metric)
         lines.append(f'| {label} | {len(results)} | ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
@@ -95,6 +146,9 @@ def main(argv=None):
     p.add_argument('--train_metrics', default='',
                    help='comma-separated metrics.csv columns of the evaluated runs (last epoch), e.g. '
                         'train/collapse/z_std_enc; adds a collapse-warnings count')
+    p.add_argument('--baseline', default=None, help='a row label: add paired differences from it over seeds')
+    p.add_argument('--paired_metric', default='final_test_acc',
+                   help='the results.json key the paired differences use (default: final_test_acc)')
     args = p.parse_args(argv)
     train_metrics = [m for m in args.train_metrics.split(',') if m]
     rows = []
@@ -112,7 +166,7 @@ def main(argv=None):
         if not results:
             raise UserError(f'no results.json found for {pattern!r}')
         rows.append((label or pattern, results))
-    text = table(rows, train_metrics)
+    text = table(rows, train_metrics, args.baseline, args.paired_metric)
     print(text)
     if args.out:
         with open(args.out, 'w') as f:

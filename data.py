@@ -273,18 +273,51 @@ def coarse_labels(dataset):
     return coarse
 
 
+LABEL_NOISE_SEED = 7717       # offset of the label-noise generator from --seed (its own stream)
+
+
+def noisy_labels(targets, n_classes, fraction, seed):
+    """Symmetric label noise: each label is, with probability ``fraction``, replaced by one of the other
+    ``n_classes - 1`` classes, uniformly (so about ``fraction`` of the labels change). Deterministic in
+    ``seed``. Returns ``(new labels list, flipped indices list)``."""
+    rng = np.random.RandomState((seed + LABEL_NOISE_SEED) % 2 ** 32)
+    targets = np.asarray(targets)
+    flip = rng.rand(len(targets)) < fraction
+    shift = rng.randint(1, n_classes, len(targets))
+    noisy = np.where(flip, (targets + shift) % n_classes, targets)
+    return noisy.tolist(), np.flatnonzero(flip).tolist()
+
+
 def build_dataset(opt, train, transform, granularity=None):
     """The train or test split of ``opt.dataset`` with ``transform``: long-tailed for ``*_lt``
     training sets (balanced test sets), with coarse labels for ``granularity='coarse'`` (default:
-    ``--label_granularity``)."""
+    ``--label_granularity``), and with ``--label_noise`` applied to the training split's labels
+    (after the coarse mapping; ``dataset.label_noise`` then describes it, see :func:`save_label_noise`)."""
     info = dataset_info(opt.dataset)
     granularity = granularity or opt.label_granularity
     mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
     base = info.load(opt, train, transform)
     indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if info.long_tail and train else None
-    if indices is None and mapping is None:
+    noise = train and opt.label_noise > 0
+    if indices is None and mapping is None and not noise:
         return base
-    return Relabeled(base, indices, mapping, classes)
+    dataset = Relabeled(base, indices, mapping, classes)
+    if noise:
+        clean = dataset.targets
+        dataset.targets, flipped = noisy_labels(clean, len(dataset.classes), opt.label_noise, opt.seed)
+        dataset.label_noise = {'fraction': opt.label_noise, 'seed': opt.seed, 'granularity': granularity,
+                               'n_samples': len(clean), 'n_flipped': len(flipped), 'flipped': flipped,
+                               'clean_labels_of_flipped': [clean[i] for i in flipped]}
+    return dataset
+
+
+def save_label_noise(opt, dataset):
+    """``<run>/label_noise.json``: which training labels ``--label_noise`` changed (rank 0; nothing without noise)."""
+    noise = getattr(dataset, 'label_noise', None)        # IndexedDataset passes it through
+    if noise is not None and is_main():
+        import json
+        with open(os.path.join(opt.run_folder, 'label_noise.json'), 'w') as f:
+            json.dump(noise, f)
 
 
 def long_tail_class_counts(opt, dataset):

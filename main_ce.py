@@ -3,7 +3,7 @@ CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and EC
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
-from data import build_dataset, build_loader, build_transform, long_tail_class_counts, num_classes
+from data import build_dataset, build_loader, build_transform, long_tail_class_counts, num_classes, save_label_noise
 from distributed import wrap_model
 from engine import evaluate, fit, setup, train_loop, write_results
 from losses_carrot import CARROT
@@ -18,6 +18,7 @@ def main(argv=None):
     train_set = build_dataset(opt, True, build_transform(opt, 'train'))
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
     train_loader = build_loader(opt, train_set, train=True, kind='train')
+    save_label_noise(opt, train_set)
     counts = long_tail_class_counts(opt, train_set)
     test_loader = build_loader(opt, test_set, train=False)
     model = prepare_model(opt, SupCEResNet(opt.model, num_classes=num_classes(train_set)))

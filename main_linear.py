@@ -6,28 +6,85 @@ Reads checkpoints of this project (any of the three scripts' encoders) and of
 the original SupContrast. Prints the final and the best test top-1; with
 ``--val_split`` it also selects the epoch on held-out training data.
 """
+import json
 import os
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from checkpoint import load_encoder
-from data import (build_dataset, build_loader, build_transform, dataset_info, long_tail_class_counts, num_classes,
-                  split_train_val)
-from distributed import wrap_model
+from data import (build_dataset, build_loader, build_transform, coarse_labels, dataset_info, long_tail_class_counts,
+                  num_classes, save_label_noise, split_train_val)
+from distributed import is_main, wrap_model
 from engine import evaluate, fit, setup, train_loop, write_results
+from knn import extract_features, knn_predict
 from networks import LinearClassifier
-from options import parse_option
-from util import accuracy, autocast, grad_scaler, run_cli, set_optimizer, to_device
+from options import config_dict, parse_option
+from probes import few_shot_indices, linear_probe, within_superclass_accuracy
+from util import UserError, accuracy, autocast, grad_scaler, progress, run_cli, set_optimizer, to_device
+
+
+def frozen_features(opt, encoder, train, granularity):
+    """Unit encoder features and labels of a split, with the evaluation transform (no augmentation)."""
+    dataset = build_dataset(opt, train, build_transform(opt, 'eval'), granularity)
+    return extract_features(opt, encoder, build_loader(opt, dataset, train=False))
+
+
+def within_superclass(opt, encoder):
+    """``docs/PROBES.md``: fine-label kNN top-1 within each test image's own superclass (all training labels)."""
+    train_feats, train_fine = frozen_features(opt, encoder, True, 'fine')
+    test_feats, test_fine = frozen_features(opt, encoder, False, 'fine')
+    return within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine,
+                                      coarse_labels(opt.dataset)[0], opt.knn_k, opt.knn_t)
+
+
+def few_shot(opt, encoder):
+    """``--shots K``: per draw, a logistic regression and a kNN on K labelled training images per class, evaluated
+    on the whole test split; results.json holds the mean and std over ``--shot_draws`` draws."""
+    train_feats, train_y = frozen_features(opt, encoder, True, opt.eval_labels)
+    test_feats, test_y = frozen_features(opt, encoder, False, opt.eval_labels)
+    n_cls = int(torch.cat([train_y, test_y]).max()) + 1
+    linear, knn = [], []
+    for draw in progress(range(opt.shot_draws), f'{opt.shots}-shot draws'):
+        idx = torch.as_tensor(few_shot_indices(train_y.tolist(), opt.shots, opt.shot_seed + draw), device=train_y.device)
+        linear.append(linear_probe(train_feats[idx], train_y[idx], test_feats, test_y, n_cls))
+        knn.append(100.0 * (knn_predict(train_feats[idx], train_y[idx], test_feats, n_cls, opt.knn_k, opt.knn_t)
+                            == test_y).double().mean().item())
+    results = {'shots': opt.shots, 'shot_draws': opt.shot_draws, 'shot_seed': opt.shot_seed,
+               'final_test_acc': float(np.mean(linear)), 'final_test_acc_std_over_draws': float(np.std(linear)),
+               'final_test_knn_acc': float(np.mean(knn)), 'final_test_knn_acc_std_over_draws': float(np.std(knn)),
+               'draws_test_acc': linear, 'draws_test_knn_acc': knn}
+    print(f'{opt.shots}-shot linear probe: {results["final_test_acc"]:.2f} ± {np.std(linear):.2f} over '
+          f'{opt.shot_draws} draws; {opt.shots}-shot kNN: {results["final_test_knn_acc"]:.2f} ± {np.std(knn):.2f}')
+    return results
+
+
+def write_probe_results(opt, results):
+    if is_main():
+        with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
+            json.dump({**results, 'ckpt': os.path.abspath(opt.ckpt), 'config': config_dict(opt)}, f, indent=2)
 
 
 def main(argv=None):
     opt = setup(parse_option('linear', argv))
     encoder = load_encoder(opt, dataset_info(opt.dataset).model)
+    if opt.shots:
+        if os.path.isfile(os.path.join(opt.run_folder, 'results.json')):
+            raise UserError(f'{opt.run_folder} already holds results.json of this probe: start another with a new '
+                            f'--trial or --save_folder (or --shot_seed for other draws)')
+        print(f'run folder: {opt.run_folder}')
+        results = few_shot(opt, encoder)
+        if opt.within_superclass:
+            results['final_test_within_superclass_acc'] = within_superclass(opt, encoder)
+            print(f'within-superclass fine kNN top-1: {results["final_test_within_superclass_acc"]:.2f}')
+        write_probe_results(opt, results)
+        return
     # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
     train_set = build_dataset(opt, True, build_transform(opt, 'train'), opt.eval_labels)
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'), opt.eval_labels)
     n_cls = num_classes(train_set)
+    save_label_noise(opt, train_set)
     counts = long_tail_class_counts(opt, train_set)
     loaders = {}
     if opt.val_split > 0:
@@ -72,7 +129,11 @@ def main(argv=None):
     select = 'val/acc' if opt.val_split > 0 else 'test/acc'
     last, best = fit(opt, classifier, optimizer, train_epoch, evaluate_epoch, select=select)
     last = last or best
-    write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt))
+    extra = {}
+    if opt.within_superclass:
+        extra['final_test_within_superclass_acc'] = within_superclass(opt, encoder)
+        print(f'within-superclass fine kNN top-1: {extra["final_test_within_superclass_acc"]:.2f}')
+    write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)
     if opt.val_split > 0:
         print(f'best val top-1: {best["val/acc"]:.2f} (epoch {best["epoch"]}), '
               f'test top-1 there: {best["test/acc"]:.2f}')

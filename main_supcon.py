@@ -7,7 +7,7 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
 """
 from collections import defaultdict
 
-from data import TwoCropTransform, build_dataset, build_loader, build_transform
+from data import TwoCropTransform, build_dataset, build_loader, build_transform, save_label_noise
 from datasets_indexed import IndexedDataset
 from distributed import wrap_model
 from engine import fit, setup, train_loop
@@ -28,6 +28,7 @@ def main(argv=None):
     if method.uses_ids or opt.queue_size:     # the queue stores dataset ids too
         train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=2)
+    save_label_noise(opt, train_set)
     model = prepare_model(opt, SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim))
     ddp_model = wrap_model(opt, model)    # the model itself in one process
     criterion = method.build(opt, len(train_set)).to(opt.device)

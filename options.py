@@ -34,7 +34,8 @@ RUN_KIND = {'supcon': 'SupCon', 'ce': 'SupCE', 'linear': 'Linear'}
 FIELD_DEFAULTS = dict(method=None, label_granularity='fine', eval_labels='fine', carrot=False, carrot_on=None,
                       carrot_q_hi=0.9, carrot_q_lo=0.1, carrot_weight=None, carrot_alpha_max=None, ckpt='',
                       val_split=0.0, head=None, feat_dim=None, temp=None, knn_every=0, knn_k=200, knn_t=0.1,
-                      chunk_size=0, queue_size=0, moco_m=None, shuffle_bn_splits=None, world_size=1, rank=0)
+                      chunk_size=0, queue_size=0, moco_m=None, shuffle_bn_splits=None, world_size=1, rank=0,
+                      shots=None, shot_draws=5, shot_seed=0, within_superclass=False)
 
 
 class Parser(argparse.ArgumentParser):
@@ -87,6 +88,9 @@ def build_parser(script):
     p.add_argument('--data_folder', default=None, help='default: ./datasets/')
     p.add_argument('--imb_factor', type=float, default=0.01,
                    help='cifar10_lt/cifar100_lt: smallest/largest class size of the training set')
+    p.add_argument('--label_noise', type=float, default=0.0,
+                   help='symmetric label noise: this fraction of the training labels replaced by another class, '
+                        'seeded by --seed and recorded in <run>/label_noise.json; test labels stay clean')
     if script == 'linear':
         p.add_argument('--eval_labels', choices=['fine', 'coarse'], default='fine',
                        help='labels of the linear classifier (fine: CIFAR-100 classes / digits)')
@@ -133,6 +137,14 @@ def build_parser(script):
         p.add_argument('--ckpt', default='', help='stage-1 checkpoint (ours or the original SupContrast\'s)')
         p.add_argument('--val_split', type=float, default=0.0,
                        help='hold out this fraction of train for model selection (0: none)')
+        p.add_argument('--shots', type=int, default=None,
+                       help='few-shot probe instead of SGD training: a logistic regression on frozen features of K '
+                            'labelled training images per class, and a K-shot kNN (docs/PROBES.md)')
+        p.add_argument('--shot_draws', type=int, default=5, help='--shots: draws of the K-shot set, averaged')
+        p.add_argument('--shot_seed', type=int, default=0, help='--shots: seed of the draws (their own, not --seed)')
+        p.add_argument('--within_superclass', action='store_true',
+                       help='also report fine-label kNN accuracy within each test image\'s own superclass '
+                            '(datasets with coarse labels)')
     p.add_argument('--cosine', action='store_true', help='cosine annealing')
     p.add_argument('--syncBN', action='store_true', help='synchronized BatchNorm across torchrun processes (CUDA)')
     p.add_argument('--warm', action='store_true', help='10-epoch linear warm-up for large batches')
@@ -172,6 +184,7 @@ def validate(opt, script):
     _check(opt.weight_decay >= 0 and opt.momentum >= 0, '--weight_decay and --momentum must be >= 0')
     _check(opt.lr_decay_rate > 0, f'--lr_decay_rate must be > 0, got {opt.lr_decay_rate}')
     _check(0 < opt.imb_factor <= 1, f'--imb_factor must be in (0, 1], got {opt.imb_factor}')
+    _check(0 <= opt.label_noise < 1, f'--label_noise must be in [0, 1), got {opt.label_noise}')
     _check(0 <= opt.carrot_q_lo < opt.carrot_q_hi <= 1,
            f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {opt.carrot_q_lo} and {opt.carrot_q_hi}')
     if script == 'supcon':
@@ -185,6 +198,11 @@ def validate(opt, script):
     if script == 'linear':
         _check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         _check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
+        _check(opt.shots is None or opt.shots >= 1, f'--shots must be >= 1 (K labelled images per class), got {opt.shots}')
+        _check(opt.shot_draws >= 1, f'--shot_draws must be >= 1, got {opt.shot_draws}')
+        _check(opt.shots is None or opt.val_split == 0, '--shots fits the probe to convergence: --val_split has no use')
+        if opt.within_superclass:
+            coarse_labels(opt.dataset)    # a one-line error for datasets without superclasses
     info = dataset_info(opt.dataset)
     if info.mean_std is None:
         _check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
@@ -254,12 +272,16 @@ def run_name(opt, script):
         pretrain = os.path.basename(os.path.dirname(os.path.abspath(opt.ckpt)))
         stem = os.path.splitext(os.path.basename(opt.ckpt))[0]
         name = f'{pretrain}_{stem}_lr_{opt.learning_rate}_bsz_{opt.batch_size}_trial_{opt.trial}'
+        if opt.shots:
+            name = f'{pretrain}_{stem}_shots_{opt.shots}_draws_{opt.shot_draws}_seed_{opt.shot_seed}_trial_{opt.trial}'
     if opt.label_granularity == 'coarse':
         name += '_coarse'
     if opt.eval_labels == 'coarse':
         name += '_evalcoarse'
     if dataset_info(opt.dataset).long_tail:
         name += f'_imb_{opt.imb_factor}'
+    if opt.label_noise:
+        name += f'_noise_{opt.label_noise}'
     if opt.queue_size:
         name += f'_queue_{opt.queue_size}_m_{opt.moco_m}'
     if opt.carrot:

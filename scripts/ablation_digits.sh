@@ -2,14 +2,15 @@
 # The ablation that tests our own methods on digits: SupCon, SimCLR, RASCAL (agreement, current,
 # uniform), SupCon + CARROT, CE, CE + CARROT (CARROT with its defaults); each pre-trained on the 10
 # digit classes ("plain") and on 5 coarse digit groups ("coarse-to-fine"), then linearly evaluated on
-# the 10 digit classes; 3 seeds each (96 runs). Prints the comparison table (mean +- std over seeds,
+# the 10 digit classes; 5 seeds each (160 runs). Prints the comparison table (mean +- std over seeds,
 # with the collapse monitor of the pre-training's last epoch) and saves it as
-# save/ablation_digits/table.md. About 20 minutes on a 2-core CPU (two runs at a time, one thread each).
-#   bash scripts/ablation_digits.sh [EPOCHS] [SEEDS]          defaults: 15 "0 1 2"
+# save/ablation_digits/table.md, then per setting the paired difference of each method from SupCon over seeds
+# (compare.py --baseline). About 30 minutes on a 2-core CPU (two runs at a time, one thread each).
+#   bash scripts/ablation_digits.sh [EPOCHS] [SEEDS]          defaults: 15 "0 1 2 3 4"
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 EPOCHS="${1:-15}"
-SEEDS="${2:-0 1 2}"
+SEEDS="${2:-0 1 2 3 4}"
 JOBS="${JOBS:-2}"
 OUT="save/ablation_digits"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
@@ -63,4 +64,11 @@ done
 echo
 echo "digits, resnet_tiny, $EPOCHS pre-training epochs, linear evaluation on the 10 digit classes, seeds: $SEEDS"
 "$PY" compare.py "${ROWS[@]}" --train_metrics train/collapse/z_std_enc --out "$OUT/table.md"
+for setting in plain coarse-to-fine; do
+    PAIRED=()
+    for method in $METHODS; do PAIRED+=("$method, $setting=$OUT/$setting/$method/seed_*/linear"); done
+    echo
+    echo "$setting: paired differences from SupCon over seeds"
+    "$PY" compare.py "${PAIRED[@]}" --baseline "SupCon, $setting" --out "$OUT/paired_$setting.md"
+done
 echo "total: $(( $(date +%s) - START ))s"

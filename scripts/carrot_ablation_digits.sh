@@ -3,18 +3,18 @@
 # and CE + CARROT, each with the balanced weight uncapped (--carrot_alpha_max inf), capped at 10, capped
 # at 1 (the default), and with a fixed --carrot_weight 1; next to the same methods without CARROT. Each
 # pre-trained on the 10 digit classes ("plain") and on 5 coarse digit groups ("coarse-to-fine"), then
-# linearly evaluated on the 10 digit classes, 3 seeds each, with the settings of scripts/ablation_digits.sh
+# linearly evaluated on the 10 digit classes, 5 seeds each, with the settings of scripts/ablation_digits.sh
 # (15 epochs, resnet_tiny, batch 128, cosine; lr 0.2 and temperature 0.1, lr 0.1 for CE).
 # Prints the table (mean +- std over seeds, collapse-warning counts, the collapse monitor and CARROT's
 # lower wall at the last pre-training epoch) and saves it as save/carrot_ablation_digits/table.md.
 # The runs that scripts/ablation_digits.sh makes too (the methods without CARROT, and SupCon/CE + CARROT
 # with the default cap 1) are taken from save/ablation_digits when it holds them for the same epochs.
 # About 35 minutes on a 2-core CPU after ablation_digits.sh (two runs at a time, one thread each).
-#   bash scripts/carrot_ablation_digits.sh [EPOCHS] [SEEDS]          defaults: 15 "0 1 2"
+#   bash scripts/carrot_ablation_digits.sh [EPOCHS] [SEEDS]          defaults: 15 "0 1 2 3 4"
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 EPOCHS="${1:-15}"
-SEEDS="${2:-0 1 2}"
+SEEDS="${2:-0 1 2 3 4}"
 JOBS="${JOBS:-2}"
 OUT="save/carrot_ablation_digits"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"

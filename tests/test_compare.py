@@ -37,3 +37,31 @@ def test_compare_reads_the_evaluated_runs_training_metrics(tmp_path, capsys):
     text = capsys.readouterr().out
     assert 'train/collapse/z_std_enc (last epoch) | collapse warnings |' in text
     assert '| X | 2 | 65.00 ± 35.36 | 0.1550 ± 0.2051 | 1/2 |' in text
+
+
+def test_paired_interval_against_a_hand_computation(tmp_path, capsys):
+    """Differences 1, 2, 3 over seeds 0-2: mean 2, sd 1, t(0.975, 2) = 4.302653, half-width 4.302653/sqrt(3) =
+    2.484138, so [-0.48, 4.48], which contains 0; differences 2, 2.2, 1.8: sd 0.2, half-width 0.496828,
+    [1.50, 2.50], which excludes 0. Seed 3 exists only in the baseline row and is left out."""
+    import compare
+    base = {0: 90.0, 1: 91.0, 2: 92.0, 3: 50.0}
+    rows = {'base': base, 'm1': {0: 91.0, 1: 93.0, 2: 95.0}, 'm2': {2: 94.2, 0: 92.0, 1: 92.8}}
+    for label, accs in rows.items():
+        for seed, acc in accs.items():
+            d = tmp_path / label / f'seed_{seed}'
+            d.mkdir(parents=True)
+            (d / 'results.json').write_text(json.dumps({'final_test_acc': acc, 'config': {'seed': seed}}))
+    compare.main([f'{label}={tmp_path}/{label}' for label in rows] + ['--baseline', 'base'])
+    text = capsys.readouterr().out
+    assert 'Δ test top-1 (%) vs base (95 % CI, paired t over seeds) | CI excludes 0 |' in text
+    assert '| base | 4 | ' in text and '(baseline)' in text
+    assert '+2.00 [-0.48, +4.48] (n=3) | no |' in text
+    assert '+2.00 [+1.50, +2.50] (n=3) | yes |' in text
+    n, mean, half = compare.paired_difference([{'final_test_acc': v, 'config': {'seed': s}} for s, v in
+                                               rows['m1'].items()],
+                                              [{'final_test_acc': v, 'config': {'seed': s}} for s, v in base.items()],
+                                              'final_test_acc')
+    assert n == 3 and mean == pytest.approx(2.0) and half == pytest.approx(4.302653 / 3 ** 0.5, rel=1e-6)
+    from util import UserError
+    with pytest.raises(UserError, match='is not one of the rows'):
+        compare.main([f'base={tmp_path}/base', '--baseline', 'nope'])

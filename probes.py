@@ -1,0 +1,65 @@
+"""Probes of a frozen encoder that can tell methods apart where a full-label linear probe is at its ceiling
+(``main_linear.py --shots K``, ``--within_superclass``; definitions in ``docs/PROBES.md``).
+
+- :func:`few_shot_indices`: ``K`` labelled training images per class, drawn with a seed of their own.
+- :func:`linear_probe`: multinomial logistic regression on unit features, fitted to convergence (L-BFGS).
+- :func:`within_superclass_accuracy`: fine-label weighted kNN restricted to each test image's own superclass.
+"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from knn import knn_predict
+from util import UserError
+
+
+def few_shot_indices(targets, shots, seed):
+    """Indices of ``shots`` training images per class (sorted), drawn uniformly without replacement with
+    ``seed``; a class with fewer images is a :class:`UserError`."""
+    targets = np.asarray(targets)
+    rng = np.random.RandomState(seed % 2 ** 32)
+    chosen = []
+    for c in np.unique(targets):
+        members = np.flatnonzero(targets == c)
+        if len(members) < shots:
+            raise UserError(f'class {c} has {len(members)} training images, fewer than --shots {shots}')
+        chosen.extend(rng.choice(members, shots, replace=False).tolist())
+    return sorted(chosen)
+
+
+def linear_probe(train_feats, train_labels, test_feats, test_labels, num_classes, weight_decay=1e-4, max_iter=500):
+    """Top-1 (%) on the test features of a multinomial logistic regression (weights and bias) fitted on the
+    training features by full-batch L-BFGS: ``mean CE + weight_decay * |W|^2 / 2``. Features are L2-normalized.
+    Deterministic: no sampling, no augmentation."""
+    x = F.normalize(train_feats.double(), dim=1)
+    y = train_labels.long()
+    layer = torch.nn.Linear(x.shape[1], num_classes, dtype=torch.float64, device=x.device)
+    torch.nn.init.zeros_(layer.weight)
+    torch.nn.init.zeros_(layer.bias)
+    optimizer = torch.optim.LBFGS(layer.parameters(), lr=1, max_iter=max_iter, tolerance_grad=1e-9,
+                                  tolerance_change=1e-12, history_size=20, line_search_fn='strong_wolfe')
+
+    def closure():
+        optimizer.zero_grad()
+        loss = F.cross_entropy(layer(x), y) + weight_decay / 2 * layer.weight.square().sum()
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+    with torch.no_grad():
+        pred = layer(F.normalize(test_feats.double(), dim=1)).argmax(1)
+    return 100.0 * (pred == test_labels).double().mean().item()
+
+
+def within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine, coarse_of, k=200, t=0.1):
+    """Top-1 (%) of a fine-label weighted kNN (``knn.knn_predict``, ``k``, ``t``) whose neighbours are only the
+    training images of the test image's own superclass (``coarse_of[fine]``): how well sub-classes stay apart
+    inside a superclass. Chance is ``1 / (fine classes in the superclass)``."""
+    coarse_of = torch.as_tensor(coarse_of, device=train_fine.device)
+    train_c, test_c = coarse_of[train_fine], coarse_of[test_fine]
+    n_fine = int(coarse_of.numel())
+    correct = 0
+    for c in torch.unique(test_c).tolist():
+        bank, queries = train_c == c, test_c == c
+        pred = knn_predict(train_feats[bank], train_fine[bank], test_feats[queries], n_fine, k, t)
+        correct += int((pred == test_fine[queries]).sum())
+    return 100.0 * correct / test_fine.numel()
