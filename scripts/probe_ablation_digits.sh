@@ -6,7 +6,8 @@
 # accuracy. Prints, per noise level and K, the table with each method's paired difference from SupCon over
 # seeds (and within-superclass accuracy the same way); saves them under save/probe_ablation_digits/.
 # 10 pre-training epochs (not the ablation's 15) keep 120 pre-trainings and 360 probes near an hour on a
-# 2-core CPU (two runs at a time, one thread each); JOBS=N runs N at a time on a larger machine.
+# 2-core CPU (two runs at a time, one thread each); JOBS=N runs N at a time on a larger machine, and
+# EXTRA="flags" adds flags to every pre-training (e.g. EXTRA="--augment device" on a GPU).
 #   bash scripts/probe_ablation_digits.sh [EPOCHS] [SEEDS] [NOISES]     defaults: 10 "0 1 2 3 4" "0 0.2 0.4"
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -14,6 +15,7 @@ EPOCHS="${1:-10}"
 SEEDS="${2:-0 1 2 3 4}"
 NOISES="${3:-0 0.2 0.4}"
 JOBS="${JOBS:-2}"
+EXTRA="${EXTRA:-}"
 SHOTS="1 5 10"
 OUT="${OUT_FOLDER:-save/probe_ablation_digits}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
@@ -42,8 +44,9 @@ run_one() {   # METHOD NOISE SEED: coarse pre-training with label noise, then th
     [ "$script" = main_ce.py ] && hyper=(--learning_rate 0.1)
     local common=(--dataset digits --batch_size 128 --num_workers 0 --seed "$seed" --print_freq 1000)
     {
+        # shellcheck disable=SC2086
         "$PY" "$script" "${common[@]}" --cosine --epochs "$EPOCHS" "${hyper[@]}" "$@" --label_granularity coarse \
-            --label_noise "$noise" --save_folder "$dir/pretrain"
+            --label_noise "$noise" $EXTRA --save_folder "$dir/pretrain"
         local ckpt; ckpt="$(find "$dir/pretrain" -name last.pth)"
         for k in $SHOTS; do
             local extra=(); [ "$k" = 10 ] && extra=(--within_superclass)
