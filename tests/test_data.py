@@ -10,7 +10,7 @@ from helpers import FAST, assert_one_line_error, make_fake_cifar, make_image_fol
 
 
 def _opt(tmp_path, dataset, **kw):
-    return argparse.Namespace(dataset=dataset, data_folder=str(tmp_path), size=32, imb_factor=0.1,
+    return argparse.Namespace(dataset=dataset, data_folder=str(tmp_path), size=32, imb_factor=0.1, label_noise=0.0,
                               label_granularity='fine', **kw)
 
 
@@ -42,11 +42,12 @@ def test_cifar100_coarse_mapping_on_a_fake_file(tmp_path):
 def test_digits_coarse_grouping():
     from data import DIGITS_COARSE, Digits, build_dataset
     assert np.bincount(DIGITS_COARSE).tolist() == [2] * 5
-    opt = argparse.Namespace(dataset='digits', size=16, label_granularity='coarse')
+    opt = argparse.Namespace(dataset='digits', size=16, label_granularity='coarse', label_noise=0.0)
     coarse = build_dataset(opt, True, None)
     assert coarse.targets == [DIGITS_COARSE[y] for y in Digits(True).targets]
     with pytest.raises(Exception, match='coarse labels'):
-        build_dataset(argparse.Namespace(dataset='cifar10', size=32, data_folder='/none'), True, None, 'coarse')
+        build_dataset(argparse.Namespace(dataset='cifar10', size=32, data_folder='/none', label_noise=0.0), True,
+                      None, 'coarse')
 
 
 @pytest.mark.slow

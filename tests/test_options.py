@@ -92,6 +92,8 @@ ACCEPTED = {
     ('--mean', '-1'): 'any number is a per-channel mean', ('--mean', '0'): 'the same',
     ('--num_workers', '0'): 'load in the main process', ('--chunk_size', '0'): 'gradient caching off (the default)',
     ('--queue_size', '0'): 'no queue (the default)', ('--moco_m', '0'): 'no key encoder: the keys are the queries',
+    ('--label_noise', '0'): 'no label noise (the default)',
+    ('--shot_seed', '-1'): 'any integer is a seed', ('--shot_seed', '0'): 'the default seed of the draws',
 }
 NEEDS = {   # flags that only mean something with another flag: given alone they are refused
     '--margin': ['--simclr_loss', 'margin_triplet'], '--rascal_weighting': ['--method', 'RASCAL'],
