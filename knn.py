@@ -4,12 +4,27 @@ As in the instance-discrimination literature (Wu et al. 2018, InstDisc; MoCo and
 monitor): cosine similarity to every training feature, the k nearest neighbours vote for their class
 with weight ``exp(sim / t)``, and the class with the largest total wins.
 """
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from data import build_dataset, build_loader, build_transform, coarse_labels, num_classes
 from monitors import rankme
-from util import autocast, progress, to_device
+from util import UserError, autocast, progress, to_device
+
+
+def few_shot_indices(targets, shots, seed):
+    """Indices of ``shots`` training images per class (sorted), drawn uniformly without replacement with
+    ``seed``; a class with fewer images is a :class:`UserError`. (``docs/PROBES.md``, few-shot probes.)"""
+    targets = np.asarray(targets)
+    rng = np.random.RandomState(seed % 2 ** 32)
+    chosen = []
+    for c in np.unique(targets):
+        members = np.flatnonzero(targets == c)
+        if len(members) < shots:
+            raise UserError(f'class {c} has {len(members)} training images, fewer than --shots {shots}')
+        chosen.extend(rng.choice(members, shots, replace=False).tolist())
+    return sorted(chosen)
 
 
 @torch.no_grad()
@@ -59,7 +74,10 @@ def knn_monitor(opt, model):
     """``evaluate_epoch`` for ``main_supcon.py --knn_every N``: weighted kNN top-1 of ``model.encoder``'s
     features on the test split, every N epochs and at the last (``knn/acc``; with coarse training also
     ``knn/acc_fine``), and the effective rank of the unit test features (``collapse/rankme_test``,
-    :func:`monitors.rankme`). Features are extracted once per evaluation; coarse labels are the fine ones mapped."""
+    :func:`monitors.rankme`). Features are extracted once per evaluation; coarse labels are the fine ones mapped.
+    With ``--knn_shots K`` each accuracy is also given for a bank of only ``K`` labelled training images per
+    class (``knn/acc_Kshot``, ``knn/acc_fine_Kshot``; ``k = min(--knn_k, K * classes)``), the same draw
+    (seed 0) at every evaluation, so the curve follows the encoder, not the draw."""
     transform = build_transform(opt, 'eval')
     memory = build_loader(opt, build_dataset(opt, True, transform, 'fine'), train=False)
     test = build_loader(opt, build_dataset(opt, False, transform, 'fine'), train=False)
@@ -81,6 +99,11 @@ def knn_monitor(opt, model):
         for key, (to, n_cls) in label_maps.items():
             pred = knn_predict(bank, to[bank_y], feats, n_cls, opt.knn_k, opt.knn_t)
             out[key] = 100.0 * (pred == to[y]).float().mean().item()
+            if opt.knn_shots:
+                labels = to[bank_y]
+                idx = torch.as_tensor(few_shot_indices(labels.cpu().numpy(), opt.knn_shots, 0), device=labels.device)
+                pred = knn_predict(bank[idx], labels[idx], feats, n_cls, min(opt.knn_k, idx.numel()), opt.knn_t)
+                out[f'{key}_{opt.knn_shots}shot'] = 100.0 * (pred == to[y]).float().mean().item()
         out['collapse/rankme_test'] = rankme(feats)      # effective rank of the unit test features
         return out
     return evaluate_epoch

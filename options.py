@@ -33,7 +33,7 @@ RUN_KIND = {'supcon': 'SupCon', 'ce': 'SupCE', 'linear': 'Linear'}
 # Fields of flags that a script does not have, and of the run's set-up (``engine.setup`` sets those).
 FIELD_DEFAULTS = dict(method=None, label_granularity='fine', eval_labels='fine', carrot=False, carrot_on=None,
                       carrot_q_hi=0.9, carrot_q_lo=0.1, carrot_weight=None, carrot_alpha_max=None, ckpt='',
-                      val_split=0.0, head=None, feat_dim=None, temp=None, knn_every=0, knn_k=200, knn_t=0.1,
+                      val_split=0.0, head=None, feat_dim=None, temp=None, knn_every=0, knn_k=200, knn_t=0.1, knn_shots=0,
                       chunk_size=0, queue_size=0, moco_m=None, shuffle_bn_splits=None, world_size=1, rank=0,
                       shots=None, shot_draws=5, shot_seed=0, within_superclass=False)
 
@@ -110,6 +110,8 @@ def build_parser(script):
                        help='every N epochs, weighted kNN accuracy of encoder features on the test split (0: off)')
         p.add_argument('--knn_k', type=int, default=200, help='kNN monitor: neighbours')
         p.add_argument('--knn_t', type=float, default=0.1, help='kNN monitor: temperature of the vote weights')
+        p.add_argument('--knn_shots', type=int, default=0,
+                       help='kNN monitor: also the accuracy with only K labelled training images per class (0: off)')
         p.add_argument('--feat_dim', type=int, default=128)
         p.add_argument('--queue_size', type=int, default=0,
                        help='memory queue of this many keys from earlier batches (docs/QUEUE.md; 0: off)')
@@ -218,6 +220,8 @@ def validate(opt, script):
     if script == 'supcon':
         _check(opt.knn_every >= 0 and opt.knn_k >= 1 and opt.knn_t > 0,
                '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')
+        _check(opt.knn_shots >= 0, f'--knn_shots must be >= 0 (K labelled images per class; 0: off), got {opt.knn_shots}')
+        _check(not opt.knn_shots or opt.knn_every, '--knn_shots is a setting of the kNN monitor: give --knn_every N too')
     if opt.std is not None:
         _check(all(v > 0 for v in opt.std), f'--std must be > 0, got {opt.std}')
 
@@ -332,7 +336,7 @@ def parse_option(script, argv=None):
 # use, not the experiment: like the number of torchrun processes, --chunk_size only changes BatchNorm's groups),
 # and fields that describe this process rather than the experiment.
 RESUME_MAY_CHANGE = {'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder', 'save_folder',
-                     'resume', 'trial', 'knn_every', 'knn_k', 'knn_t', 'amp', 'channels_last', 'chunk_size',
+                     'resume', 'trial', 'knn_every', 'knn_k', 'knn_t', 'knn_shots', 'amp', 'channels_last', 'chunk_size',
                      'script', 'run_folder', 'world_size', 'rank', 'local_batch_size', 'warm_epochs', 'warmup_from'}
 
 

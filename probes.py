@@ -1,7 +1,8 @@
 """Probes of a frozen encoder that can tell methods apart where a full-label linear probe is at its ceiling
 (``main_linear.py --shots K``, ``--within_superclass``; definitions in ``docs/PROBES.md``).
 
-- :func:`few_shot_indices`: ``K`` labelled training images per class, drawn with a seed of their own.
+- :func:`few_shot_indices` (from ``knn``, which the kNN monitor shares): ``K`` labelled training images per
+  class, drawn with a seed of their own.
 - :func:`linear_probe`: multinomial logistic regression on unit features, fitted to convergence (L-BFGS).
 - :func:`within_superclass_accuracy`: fine-label weighted kNN restricted to each test image's own superclass.
 """
@@ -9,22 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from knn import knn_predict
-from util import UserError
-
-
-def few_shot_indices(targets, shots, seed):
-    """Indices of ``shots`` training images per class (sorted), drawn uniformly without replacement with
-    ``seed``; a class with fewer images is a :class:`UserError`."""
-    targets = np.asarray(targets)
-    rng = np.random.RandomState(seed % 2 ** 32)
-    chosen = []
-    for c in np.unique(targets):
-        members = np.flatnonzero(targets == c)
-        if len(members) < shots:
-            raise UserError(f'class {c} has {len(members)} training images, fewer than --shots {shots}')
-        chosen.extend(rng.choice(members, shots, replace=False).tolist())
-    return sorted(chosen)
+from knn import few_shot_indices, knn_predict  # noqa: F401  (few_shot_indices: part of this module's API)
 
 
 def linear_probe(train_feats, train_labels, test_feats, test_labels, num_classes, weight_decay=1e-4, max_iter=500):

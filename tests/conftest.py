@@ -20,9 +20,10 @@ def tiny_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def coarse_rascal_run(tmp_path_factory):
-    """Two epochs of RASCAL on the 5 coarse digit groups, with the kNN monitor: the run folder."""
+    """Two epochs of RASCAL on the 5 coarse digit groups, with the kNN monitor (and its 5-shot form): the run
+    folder."""
     root = tmp_path_factory.mktemp('coarse')
     run_script('main_supcon.py', '--method', 'RASCAL', '--label_granularity', 'coarse', '--knn_every', 1,
-               '--knn_k', 50, '--knn_t', 0.2,
+               '--knn_k', 50, '--knn_t', 0.2, '--knn_shots', 5,
                '--epochs', 2, '--save_folder', root, *FAST)
     return only_run_folder(root)

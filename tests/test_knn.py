@@ -31,6 +31,8 @@ def test_knn_predict_matches_brute_force():
 def test_knn_monitor_and_coarse_to_fine_linear(coarse_rascal_run, tmp_path):
     rows = read_metrics(coarse_rascal_run)
     assert all(10 < float(r['knn/acc']) <= 100 and float(r['knn/acc_fine']) > 10 for r in rows)
+    # --knn_shots 5: a 5-per-class bank (k = min(50, 25) coarse, min(50, 50) fine), chance 20 % / 10 %
+    assert all(20 < float(r['knn/acc_5shot']) <= 100 and 10 < float(r['knn/acc_fine_5shot']) <= 100 for r in rows)
     run_script('main_linear.py', '--ckpt', os.path.join(coarse_rascal_run, 'last.pth'), '--eval_labels', 'fine',
                '--epochs', 1, '--save_folder', tmp_path, *FAST)
     results = json.load(open(os.path.join(only_run_folder(tmp_path), 'results.json')))

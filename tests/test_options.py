@@ -73,7 +73,8 @@ def test_options_for_the_tools():
                                 ('linear', ['--dataset', 'cifar10', '--eval_labels', 'coarse', '--ckpt', 'x'],
                                  'coarse'),
                                 ('ce', ['--dataset', 'cifar10_lt', '--imb_factor', '0'], '--imb_factor'),
-                                ('supcon', ['--knn_every', '-1'], '--knn_every')]:
+                                ('supcon', ['--knn_every', '-1'], '--knn_every'),
+                                ('supcon', ['--knn_shots', '5'], 'give --knn_every')]:
         with pytest.raises(UserError, match=words):
             parse_option(script, argv)
     assert parse_option('ce', ['--dataset', 'cifar100_lt', '--label_granularity', 'coarse']).run_folder.endswith(
@@ -86,6 +87,7 @@ ACCEPTED = {
     ('--seed', '-1'): 'any integer is a seed', ('--seed', '0'): 'the default seed',
     ('--momentum', '0'): 'plain SGD', ('--weight_decay', '0'): 'no weight decay',
     ('--val_split', '0'): 'no held-out split (the default)', ('--knn_every', '0'): 'the monitor off (the default)',
+    ('--knn_shots', '0'): 'the few-shot monitor off (the default)',
     ('--carrot_q_lo', '0'): 'the minimum negative similarity',
     ('--carrot_alpha_max', 'inf'): 'no cap (the first CARROT definition)',
     ('--carrot_weight', '0'): 'CARROT only measured (its statistics), not trained', ('--margin', '0'): 'a valid margin',
