@@ -4,13 +4,10 @@ CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and EC
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
 from data import build_dataset, build_loader, build_transform, long_tail_class_counts, num_classes, save_label_noise
-from distributed import wrap_model
 from engine import evaluate, fit, setup, train_loop, write_results
-from losses_carrot import CARROT
-from networks import SupCEResNet
 from options import parse_option
-from steps import ce_step
-from util import grad_scaler, prepare_model, run_cli, set_optimizer
+from steps import CETraining
+from util import grad_scaler, run_cli, set_optimizer
 
 
 def main(argv=None):
@@ -21,19 +18,17 @@ def main(argv=None):
     save_label_noise(opt, train_set)
     counts = long_tail_class_counts(opt, train_set)
     test_loader = build_loader(opt, test_set, train=False)
-    model = prepare_model(opt, SupCEResNet(opt.model, num_classes=num_classes(train_set)))
-    ddp_model = wrap_model(opt, model)    # the model itself in one process
+    ce = CETraining(opt, num_classes(train_set))     # model and CARROT
+    model = ce.model
     optimizer = set_optimizer(opt, model.parameters())
     scaler = grad_scaler(opt)
 
-    carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
-
     def step(batch, backward):
-        loss, stats = ce_step(opt, ddp_model, model, carrot, *batch, backward=backward)
+        loss, stats = ce.step(*batch, backward=backward)
         return loss, batch[1].shape[0], stats
 
     def train_epoch(epoch):
-        ddp_model.train()
+        ce.ddp_model.train()
         return train_loop(opt, train_loader, optimizer, scaler, epoch, step, 'CE')
 
     def evaluate_epoch(epoch):

@@ -1,8 +1,10 @@
-"""What one training step computes and back-propagates, for ``main_supcon.py`` (any registered method,
-optionally with CARROT) and ``main_ce.py`` (cross-entropy, optionally with CARROT); the training loop
-(``engine.train_loop``) zeroes the gradients before and steps the optimizer after.
+"""What one training step computes and back-propagates, for ``main_supcon.py`` (:class:`Pretraining`: any
+registered method, optionally with CARROT and the memory queue) and ``main_ce.py`` (:class:`CETraining`:
+cross-entropy, optionally with CARROT); the training loop (``engine.train_loop``) zeroes the gradients before
+and steps the optimizer after.
 
-Each step runs in one of two ways with the same loss code (``supcon_loss_from_parts``, ``ce_loss_from_parts``):
+Each step runs in one of two ways with the same loss code (``Pretraining.loss_from_parts``,
+``CETraining.loss_from_parts``):
 
 - plain: the model on the whole batch, one backward;
 - gradient caching (``--chunk_size N``, Gao et al. 2021, "Scaling Deep Contrastive Learning Batch Size
@@ -21,11 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from distributed import all_reduce_grads, all_reduce_sum, broadcast_buffers, gather, gather_with_grad
-from losses_carrot import grad_balanced_total_loss
-from memory_queue import key_features, sample_keys
+from distributed import all_reduce_grads, all_reduce_sum, broadcast_buffers, gather, gather_with_grad, wrap_model
+from losses_carrot import CARROT, grad_balanced_total_loss
+from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
+from methods import get_method
 from monitors import collapse_statistics
-from util import accuracy, autocast, to_device
+from networks import SupCEResNet, SupConResNet
+from util import accuracy, autocast, prepare_model, to_device
 
 
 def carrot_term(opt, carrot, base, h, labels, params=()):
@@ -40,115 +44,152 @@ def carrot_term(opt, carrot, base, h, labels, params=()):
                    'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
 
 
-# ---------------------------------------------------------------- the losses, from the model's outputs
-def supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj, labels, sample_idx, n_views,
-                           queue=None):
-    """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` of ``main_supcon.py`` from
-    the encoder output ``h_enc`` and the projection ``h_proj`` (``[V*b, .]``, view-major rows ``v*b + j``).
-    Under torchrun the loss sees the global batch (samples in rank order). ``queue``: a
-    :class:`memory_queue.MemoryQueue` the loss reads (as it was before this step)."""
-    bsz = labels.shape[0]
-    features = F.normalize(h_proj, dim=1)
-    features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
-    features = gather_with_grad(features)                       # no-op in one process
-    args = (features, gather(labels) if method.uses_labels else None)
-    if method.uses_ids:
-        args += (gather(sample_idx.to(opt.device)),)
-    loss = criterion(*args, queue=queue.view()) if queue is not None else criterion(*args)
-    stats = {f'{method.stats_prefix}{k}': v for k, v in criterion.last_stats.items()}
-    # collapse monitors of the global batch (the projections are gathered already)
-    stats.update(collapse_statistics(gather(h_enc.detach()), 'enc'),
-                 **collapse_statistics(features.detach().reshape(-1, features.shape[-1]), 'proj'))
-    if carrot is not None:
-        # rows of h are view-major like the images, so labels are repeated (not interleaved)
-        h, params = (h_enc, model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
-        loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels.repeat(n_views), params)
-        stats.update(carrot_stats)
-    return loss, stats, features.detach()
+# ---------------------------------------------------------------- stage 1: the pre-training object
+class Pretraining:
+    """What ``main_supcon.py`` trains, built once from ``opt``, and its step.
 
+    Builds the model (``SupConResNet``; on ``opt.device``, wrapped in DDP under torchrun as ``ddp_model``),
+    the method's loss (``criterion``, from the registry in ``methods.py``), ``carrot`` (``--carrot``),
+    the memory ``queue`` and the momentum ``key_encoder`` (``--queue_size``, ``--moco_m``; docs/QUEUE.md).
+    ``checkpointed()`` names the objects whose state travels in checkpoints besides the model.
 
-def ce_loss_from_parts(opt, model, carrot, h, logits, labels):
-    """Cross-entropy (+ CARROT on the penultimate features ``h``) and statistics, this process's batch."""
-    loss = F.cross_entropy(logits.float(), labels)   # this process's batch; DDP averages the gradients
-    stats = {'acc': accuracy(logits, labels)[0], **collapse_statistics(h, 'enc')}
-    if carrot is not None:
-        loss, carrot_stats = carrot_term(opt, carrot, loss, h, labels, model.fc.parameters())
-        stats.update(carrot_stats)
-    return loss, stats
+    ``num_samples``: the training set's size (RASCAL's cache). ``model``: an unprepared ``SupConResNet``
+    to use instead of a new one (tests put dropout into it)."""
 
+    def __init__(self, opt, num_samples, model=None):
+        self.opt = opt
+        self.method = get_method(opt.method)
+        if model is None:
+            model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim)
+        self.model = prepare_model(opt, model)
+        self.ddp_model = wrap_model(opt, self.model)      # the model itself in one process
+        self.criterion = self.method.build(opt, num_samples).to(opt.device)
+        self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+        self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(opt.device) if opt.queue_size else None
+        # a copy of the model as it starts
+        self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
 
-# ---------------------------------------------------------------- the two steps
-def contrastive_step(opt, method, ddp_model, model, criterion, carrot, views, labels, sample_idx=None,
-                     backward=torch.Tensor.backward, queue=None, key_encoder=None):
-    """One ``main_supcon.py`` step on ``views`` (a list of ``[b, C, H, W]``): computes the loss, calls
-    ``backward(loss)`` (``GradScaler``'s scaled backward in training) and returns ``(loss, statistics)``.
-    ``ddp_model`` is what the plain forward goes through (DDP under torchrun), ``model`` the module.
-    With a ``queue`` (``docs/QUEUE.md``) the loss also contrasts with its keys, and after the backward this
-    step's keys are enqueued: from ``key_encoder`` (a :class:`memory_queue.MomentumEncoder`, updated first)
-    or, without one, the detached queries."""
-    labels = labels.to(opt.device)
-    n_views = len(views)
-    kept = {}
-    queue_stats = queue.statistics(gather(labels) if method.uses_labels else None) if queue is not None else {}
+    def checkpointed(self):
+        """``{key: module}`` of the state saved next to the model: the loss's own state (RASCAL's cache),
+        the queue and the key encoder, where they exist and hold state."""
+        parts = (('criterion', self.criterion), ('queue', self.queue), ('key_encoder', self.key_encoder))
+        return {name: obj for name, obj in parts if obj is not None and obj.state_dict()}
 
-    def loss_from(h_enc, h_proj):
-        loss, stats, kept['features'] = supcon_loss_from_parts(opt, method, model, criterion, carrot, h_enc, h_proj,
-                                                               labels, sample_idx, n_views, queue)
-        return loss, stats
-    if opt.chunk_size:
-        loss, stats = cached_step(opt, model, model.encoder, lambda h: model.head(h), views, opt.chunk_size,
-                                  loss_from, backward)
-    else:
-        images = to_device(opt, torch.cat(views, dim=0))            # view-major rows: v * bsz + b
-        with autocast(opt):
-            h_enc, h_proj = ddp_model(images, parts=True)
-        loss, stats = loss_from(h_enc, h_proj)
-        backward(loss)
-        loss = loss.detach()
-    if queue is not None:
-        stats.update(queue_stats, **enqueue_keys(opt, model, key_encoder, queue, views, labels, sample_idx,
-                                                 kept['features']))
-    return loss, stats
+    def step(self, views, labels, ids=None, backward=torch.Tensor.backward):
+        """One step on ``views`` (a list of ``[b, C, H, W]``), ``labels`` ``[b]`` and dataset ``ids`` ``[b]``:
+        computes the loss, calls ``backward(loss)`` (``GradScaler``'s scaled backward in training) and returns
+        ``(loss, statistics)``. Plain or gradient caching (``--chunk_size``). With a queue the loss also
+        contrasts with its keys, and after the backward this step's keys are enqueued."""
+        opt, model = self.opt, self.model
+        labels = labels.to(opt.device)
+        n_views = len(views)
+        kept = {}
+        queue_stats = self.queue.statistics(self._global_labels(labels)) if self.queue is not None else {}
 
-
-@torch.no_grad()
-def enqueue_keys(opt, model, key_encoder, queue, views, labels, sample_idx, features):
-    """This step's keys into ``queue``, one per sample of the global batch, with labels and ids: the
-    normalized view mean of the key encoder's features (updated from ``model`` first; shuffled BatchNorm),
-    or of the detached query ``features`` ``[B, V, D]`` without a key encoder. Returns
-    ``queue/key_query_cos`` (with a key encoder)."""
-    queries = sample_keys(features)
-    stats = {}
-    if key_encoder is None:
-        keys = queries
-    else:
-        key_encoder.update(model)
-        images = to_device(opt, torch.cat(views, dim=0))
-
-        def forward(key_model, part):
+        def loss_from(h_enc, h_proj):
+            loss, stats, kept['features'] = self.loss_from_parts(h_enc, h_proj, labels, ids, n_views)
+            return loss, stats
+        if opt.chunk_size:
+            loss, stats = cached_step(opt, model, model.encoder, model.head, views, opt.chunk_size, loss_from,
+                                      backward)
+        else:
+            images = to_device(opt, torch.cat(views, dim=0))            # view-major rows: v * bsz + b
             with autocast(opt):
-                return key_model(part).float()
-        out = key_features(key_encoder.model, images, opt.shuffle_bn_splits, forward)   # [V*b, D] view-major
-        keys = gather(sample_keys(torch.stack(torch.split(out, labels.shape[0], dim=0), dim=1)))
-        stats['queue/key_query_cos'] = (keys * queries).sum(1).mean()
-    queue.enqueue(keys, gather(labels), gather(sample_idx.to(opt.device)))
-    return stats
+                h_enc, h_proj = self.ddp_model(images, parts=True)
+            loss, stats = loss_from(h_enc, h_proj)
+            backward(loss)
+            loss = loss.detach()
+        if self.queue is not None:
+            stats.update(queue_stats, **self.enqueue_keys(views, labels, ids, kept['features']))
+        return loss, stats
+
+    def _global_labels(self, labels):
+        return gather(labels) if self.method.uses_labels else None
+
+    def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views):
+        """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` from the encoder
+        output ``h_enc`` and the projection ``h_proj`` (``[V*b, .]``, view-major rows ``v*b + j``). Under
+        torchrun the loss sees the global batch (samples in rank order); the queue is read as it was before
+        this step."""
+        opt, method = self.opt, self.method
+        bsz = labels.shape[0]
+        features = F.normalize(h_proj, dim=1)
+        features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
+        features = gather_with_grad(features)                       # no-op in one process
+        args = (features, self._global_labels(labels))
+        if method.uses_ids:
+            args += (gather(ids.to(opt.device)),)
+        loss = self.criterion(*args, queue=self.queue.view()) if self.queue is not None else self.criterion(*args)
+        stats = {f'{method.stats_prefix}{k}': v for k, v in self.criterion.last_stats.items()}
+        # collapse monitors of the global batch (the projections are gathered already)
+        stats.update(collapse_statistics(gather(h_enc.detach()), 'enc'),
+                     **collapse_statistics(features.detach().reshape(-1, features.shape[-1]), 'proj'))
+        if self.carrot is not None:
+            # rows of h are view-major like the images, so labels are repeated (not interleaved)
+            h, params = (h_enc, self.model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
+            loss, carrot_stats = carrot_term(opt, self.carrot, loss, h, labels.repeat(n_views), params)
+            stats.update(carrot_stats)
+        return loss, stats, features.detach()
+
+    @torch.no_grad()
+    def enqueue_keys(self, views, labels, ids, features):
+        """This step's keys into the queue, one per sample of the global batch, with labels and ids: the
+        normalized view mean of the key encoder's features (updated from the model first; shuffled BatchNorm),
+        or of the detached query ``features`` ``[B, V, D]`` without a key encoder. Returns
+        ``queue/key_query_cos`` (with a key encoder)."""
+        opt = self.opt
+        queries = sample_keys(features)
+        stats = {}
+        if self.key_encoder is None:
+            keys = queries
+        else:
+            self.key_encoder.update(self.model)
+            images = to_device(opt, torch.cat(views, dim=0))
+
+            def forward(key_model, part):
+                with autocast(opt):
+                    return key_model(part).float()
+            out = key_features(self.key_encoder.model, images, opt.shuffle_bn_splits, forward)   # [V*b, D]
+            keys = gather(sample_keys(torch.stack(torch.split(out, labels.shape[0], dim=0), dim=1)))
+            stats['queue/key_query_cos'] = (keys * queries).sum(1).mean()
+        self.queue.enqueue(keys, gather(labels), gather(ids.to(opt.device)))
+        return stats
 
 
-def ce_step(opt, ddp_model, model, carrot, images, labels, backward=torch.Tensor.backward):
-    """One ``main_ce.py`` step: as :func:`contrastive_step`, with one view."""
-    labels = labels.to(opt.device)
+# ---------------------------------------------------------------- cross-entropy (main_ce.py)
+class CETraining:
+    """What ``main_ce.py`` trains, built once from ``opt``, and its step: the model (``SupCEResNet``, an
+    encoder and a linear classifier; ``ddp_model`` under torchrun) and ``carrot`` (``--carrot``, on the
+    penultimate features). ``model``: an unprepared ``SupCEResNet`` to use instead of a new one."""
 
-    def loss_from(h, logits):
-        return ce_loss_from_parts(opt, model, carrot, h, logits, labels)
-    if opt.chunk_size:
-        return cached_step(opt, model, model.encoder, lambda h: model.fc(h), [images], opt.chunk_size,
-                           loss_from, backward)
-    with autocast(opt):
-        h, logits = ddp_model(to_device(opt, images), parts=True)
-    loss, stats = loss_from(h, logits)
-    backward(loss)
-    return loss.detach(), stats
+    def __init__(self, opt, num_classes, model=None):
+        self.opt = opt
+        self.model = prepare_model(opt, model if model is not None else SupCEResNet(opt.model, num_classes=num_classes))
+        self.ddp_model = wrap_model(opt, self.model)      # the model itself in one process
+        self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+
+    def step(self, images, labels, backward=torch.Tensor.backward):
+        """One step on ``images`` ``[b, C, H, W]`` and ``labels`` ``[b]``: as :meth:`Pretraining.step`, with one
+        view and no queue. Returns ``(loss, statistics)``."""
+        opt = self.opt
+        labels = labels.to(opt.device)
+        if opt.chunk_size:
+            return cached_step(opt, self.model, self.model.encoder, self.model.fc, [images], opt.chunk_size,
+                               lambda h, logits: self.loss_from_parts(h, logits, labels), backward)
+        with autocast(opt):
+            h, logits = self.ddp_model(to_device(opt, images), parts=True)
+        loss, stats = self.loss_from_parts(h, logits, labels)
+        backward(loss)
+        return loss.detach(), stats
+
+    def loss_from_parts(self, h, logits, labels):
+        """Cross-entropy (+ CARROT on the penultimate features ``h``) and statistics, this process's batch."""
+        loss = F.cross_entropy(logits.float(), labels)   # this process's batch; DDP averages the gradients
+        stats = {'acc': accuracy(logits, labels)[0], **collapse_statistics(h, 'enc')}
+        if self.carrot is not None:
+            loss, carrot_stats = carrot_term(self.opt, self.carrot, loss, h, labels, self.model.fc.parameters())
+            stats.update(carrot_stats)
+        return loss, stats
 
 
 # ---------------------------------------------------------------- gradient caching

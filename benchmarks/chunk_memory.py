@@ -6,7 +6,7 @@ gradient caching (--chunk_size), each configuration in its own process.
 On a CPU the peak is the process's peak resident memory (``ru_maxrss`` of the child, read with
 ``RUSAGE_CHILDREN`` after it exits, so each figure includes the ~0.5 GB of an idle PyTorch process); on
 CUDA it is ``torch.cuda.max_memory_allocated``. Each child builds the model, runs one warm-up step and
-``--steps`` timed steps of ``steps.contrastive_step`` (two views, SGD), and reports the median step time.
+``--steps`` timed steps of ``steps.Pretraining.step`` (two views, SGD), and reports the median step time.
 Prints one row per batch size and the issue's ratios: chunked peak at the largest / smallest batch
 (target <= 1.3), chunked / plain peak at the largest batch (<= 0.3), chunked / plain step time (<= 1.45).
 """
@@ -26,19 +26,16 @@ def worker(args):
     sys.path.insert(0, ROOT)
     import torch
     from engine import setup
-    from methods import get_method
-    from networks import SupConResNet
     from options import parse_option
-    from steps import contrastive_step
-    from util import prepare_model, set_optimizer
+    from steps import Pretraining
+    from util import set_optimizer
     opt = setup(parse_option('supcon', ['--batch_size', str(args.batch), '--chunk_size', str(args.chunk),
                                         '--model', args.model, '--size', str(args.size), '--device', args.device]),
                 run_folder=False)
     torch.manual_seed(0)
-    model = prepare_model(opt, SupConResNet(opt.model)).train()
-    method = get_method('SupCon')
-    criterion = method.build(opt, args.batch)
-    optimizer = set_optimizer(opt, model.parameters())
+    pre = Pretraining(opt, args.batch)
+    pre.model.train()
+    optimizer = set_optimizer(opt, pre.model.parameters())
     views = [torch.randn(args.batch, 3, args.size, args.size) for _ in range(2)]
     labels = torch.randint(0, 10, (args.batch,))
     times = []
@@ -47,7 +44,7 @@ def worker(args):
             torch.cuda.synchronize()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        contrastive_step(opt, method, model, model, criterion, None, views, labels)
+        pre.step(views, labels)
         optimizer.step()
         if opt.device.type == 'cuda':
             torch.cuda.synchronize()

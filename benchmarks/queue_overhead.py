@@ -2,7 +2,7 @@
 
     python benchmarks/queue_overhead.py [--model resnet18] [--size 32] [--batch 256] [--queue 8192] [--reps 3]
 
-Both are the real ``steps.contrastive_step`` (two views, SGD step included); the queue is full, so the loss
+Both are the real ``steps.Pretraining.step`` (two views, SGD step included); the queue is full, so the loss
 is the M x (M + K) problem. The key encoder's forward is the expected cost (about a third of a training
 step); the loss should be noise next to it. Target: ratio <= 1.5 at batch 256.
 """
@@ -15,12 +15,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.timing import time_interleaved  # noqa: E402
 from engine import setup  # noqa: E402
-from memory_queue import MemoryQueue, MomentumEncoder  # noqa: E402
-from methods import get_method  # noqa: E402
-from networks import SupConResNet  # noqa: E402
 from options import parse_option  # noqa: E402
-from steps import contrastive_step  # noqa: E402
-from util import prepare_model, set_optimizer  # noqa: E402
+from steps import Pretraining  # noqa: E402
+from util import set_optimizer  # noqa: E402
 
 
 def main():
@@ -36,25 +33,22 @@ def main():
                                         str(args.size), '--device', args.device, '--queue_size', str(args.queue)]),
                 run_folder=False)
     torch.manual_seed(0)
-    model = prepare_model(opt, SupConResNet(opt.model)).train()
-    method = get_method('SupCon')
-    criterion = method.build(opt, args.queue)
-    optimizer = set_optimizer(opt, model.parameters())
-    queue = MemoryQueue(args.queue, opt.feat_dim).to(opt.device)
-    queue.enqueue(torch.randn(args.queue, opt.feat_dim), torch.randint(0, 10, (args.queue,)),
-                  torch.arange(args.queue))                                     # a full queue
-    key_encoder = MomentumEncoder(model, opt.moco_m)
+    queued = Pretraining(opt, args.queue)          # with the queue and the key encoder
+    plain = Pretraining(argparse.Namespace(**{**vars(opt), 'queue_size': 0}), args.queue, model=queued.model)
+    queued.model.train()
+    optimizer = set_optimizer(opt, queued.model.parameters())
+    queued.queue.enqueue(torch.randn(args.queue, opt.feat_dim), torch.randint(0, 10, (args.queue,)),
+                         torch.arange(args.queue))                              # a full queue
     views = [torch.randn(args.batch, 3, args.size, args.size) for _ in range(2)]
     labels, ids = torch.randint(0, 10, (args.batch,)), torch.arange(args.batch)
 
-    def step(with_queue):
+    def step(training):
         def call():
             optimizer.zero_grad(set_to_none=True)
-            contrastive_step(opt, method, model, model, criterion, None, views, labels, ids,
-                             queue=queue if with_queue else None, key_encoder=key_encoder if with_queue else None)
+            training.step(views, labels, ids)
             optimizer.step()
         return call
-    t = time_interleaved({'plain': step(False), 'queue': step(True)}, opt.device, reps=args.reps, warmup=1)
+    t = time_interleaved({'plain': step(plain), 'queue': step(queued)}, opt.device, reps=args.reps, warmup=1)
     print(f'{opt.model} at {args.size}x{args.size}, batch {args.batch} x 2 views, {opt.device}, '
           f'{torch.get_num_threads()} threads')
     print(f'SupCon step {t["plain"]:.3f} s; with a queue of {args.queue} and a key encoder {t["queue"]:.3f} s; '

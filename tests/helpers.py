@@ -103,3 +103,52 @@ def assert_one_line_error(proc, *words):
     assert 'Traceback' not in proc.stderr and 'error' in lines[0]
     for w in words:
         assert w in lines[0], lines[0]
+
+
+# ---------------------------------------------------------------- one training step, as the scripts build it
+STEP_BSZ = 16     # the global batch of the step tests (8 per process under 2-process torchrun)
+
+
+def step_batch(seed=0):
+    """A fixed global batch: two views of 16 digits-sized images, 3 classes, dataset ids 100..115."""
+    g = torch.Generator().manual_seed(seed)
+    views = [torch.randn(STEP_BSZ, 3, 16, 16, generator=g) for _ in range(2)]
+    return views, torch.randint(0, 3, (STEP_BSZ,), generator=g), torch.arange(100, 100 + STEP_BSZ)
+
+
+def build_training(argv, ce=False, chunk=0, train=False, dropout=False):
+    """``steps.Pretraining`` (or ``steps.CETraining`` with ``ce``) as the scripts build it from ``argv``, with
+    a ``resnet_tiny`` seeded by 0, batch ``STEP_BSZ``, ``--chunk_size chunk``, on the CPU, 200 dataset ids,
+    3 classes. ``train``: BatchNorm in train mode (else eval: per-sample, so the loss is the only coupling
+    of samples); ``dropout``: a dropout layer after the encoder (a forward that draws random numbers)."""
+    import torch.nn as nn
+    from engine import setup
+    from networks import SupCEResNet, SupConResNet
+    from options import parse_option
+    from steps import CETraining, Pretraining
+    opt = setup(parse_option('ce' if ce else 'supcon', [*argv, '--batch_size', str(STEP_BSZ), '--device', 'cpu',
+                                                        '--chunk_size', str(chunk)]), run_folder=False)
+    torch.manual_seed(0)
+    net = SupCEResNet('resnet_tiny', num_classes=3) if ce else SupConResNet('resnet_tiny')
+    if dropout:
+        net.encoder = nn.Sequential(net.encoder, nn.Dropout(0.5))
+    training = CETraining(opt, 3, model=net) if ce else Pretraining(opt, 200, model=net)
+    training.model.train(train)
+    if getattr(training, 'key_encoder', None) is not None:
+        training.key_encoder.eval()
+    return training
+
+
+def take_steps(training, views, labels, ids, seed=None):
+    """The step under test (after a first step that warms RASCAL's cache): zeroed gradients, ``seed`` for the
+    global RNG before each step when given. Returns ``(loss, statistics, {parameter: gradient})``."""
+    warm = 2 if getattr(training, 'method', None) is not None and training.method.uses_ids else 1
+    for _ in range(warm):
+        if seed is not None:
+            torch.manual_seed(seed)
+        training.model.zero_grad()
+        if hasattr(training, 'method'):
+            loss, stats = training.step(views, labels, ids)
+        else:
+            loss, stats = training.step(views[0], labels)
+    return loss, stats, {n: p.grad.clone() for n, p in training.model.named_parameters()}

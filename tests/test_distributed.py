@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from helpers import ROOT, load, only_run_folder, read_metrics
+from helpers import ROOT, STEP_BSZ, build_training, load, only_run_folder, read_metrics, step_batch, take_steps
 
 WORLD = 2
-BSZ = 16            # global batch: 8 per process
+BSZ = STEP_BSZ       # global batch: 8 per process
 CASES = {
     'SupCon': ['--method', 'SupCon'],
     'SimCLR': ['--method', 'SimCLR'],
@@ -38,64 +38,27 @@ def free_port():
         return s.getsockname()[1]
 
 
-def batch():
-    """A fixed global batch: two views of 16 digits-sized images, 3 classes, sample ids."""
-    g = torch.Generator().manual_seed(0)
-    views = [torch.randn(BSZ, 3, 16, 16, generator=g) for _ in range(2)]
-    labels = torch.randint(0, 3, (BSZ,), generator=g)
-    return views, labels, torch.arange(100, 100 + BSZ)
-
-
 def one_step(case, rank=0, world=1, train=False, chunk=0):
-    """The scripts' own steps on this process's slice of :func:`batch`: RASCAL runs a first step to warm
-    its cache, then the step that is compared. ``train``: BatchNorm in train mode; ``chunk``: gradient
-    caching with chunks of that many samples. Returns loss, gradients and state."""
-    from distributed import wrap_model
-    from engine import setup
-    from losses_carrot import CARROT
-    from memory_queue import MemoryQueue, MomentumEncoder
-    from methods import get_method
-    from networks import SupCEResNet, SupConResNet
-    from options import parse_option
-    from steps import ce_step, contrastive_step
-    from util import prepare_model
-
-    script = 'ce' if case.startswith('CE') else 'supcon'
-    opt = setup(parse_option(script, CASES[case] + ['--batch_size', str(BSZ), '--device', 'cpu',
-                                                    '--chunk_size', str(chunk)]), run_folder=False)
-    torch.manual_seed(0)
-    net = SupCEResNet('resnet_tiny', num_classes=3) if script == 'ce' else SupConResNet('resnet_tiny')
-    # BatchNorm in eval mode: per-sample, so the only coupling between samples is the loss under test
-    model = prepare_model(opt, net).train(train)
-    ddp_model = wrap_model(opt, model)
-    carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
-    views, labels, ids = batch()
+    """The scripts' own steps (``tests/helpers.build_training``) on this process's slice of the global batch:
+    RASCAL runs a first step to warm its cache, then the step that is compared. ``train``: BatchNorm in train
+    mode; ``chunk``: gradient caching with chunks of that many samples. Returns loss, gradients and state."""
+    training = build_training(CASES[case], ce=case.startswith('CE'), chunk=chunk, train=train)
     part = slice(rank * BSZ // world, (rank + 1) * BSZ // world)
+    views, labels, ids = step_batch()
     views, labels, ids = [v[part] for v in views], labels[part], ids[part]
+    queue = getattr(training, 'queue', None)
+    if queue is not None:     # a partly filled queue (the same on every process), key-encoder BN in eval mode
+        g = torch.Generator().manual_seed(5)
+        queue.enqueue(torch.randn(40, 128, generator=g), torch.randint(0, 3, (40,), generator=g),
+                      torch.randint(0, 200, (40,), generator=g))
+    loss, stats, grads = take_steps(training, views, labels, ids)
     out = {}
-    if script == 'ce':
-        loss, stats = ce_step(opt, ddp_model, model, carrot, views[0], labels)    # back-propagates
-    else:
-        method = get_method(opt.method)
-        criterion = method.build(opt, 200)
-        queue = key_encoder = None
-        if opt.queue_size:     # a partly filled queue (the same on every process), key-encoder BN in eval mode
-            queue = MemoryQueue(opt.queue_size, 128)
-            g = torch.Generator().manual_seed(5)
-            queue.enqueue(torch.randn(40, 128, generator=g), torch.randint(0, 3, (40,), generator=g),
-                          torch.randint(0, 200, (40,), generator=g))
-            key_encoder = MomentumEncoder(model, opt.moco_m).eval() if opt.moco_m else None
-        for _ in range(2 if method.uses_ids else 1):
-            model.zero_grad()
-            loss, stats = contrastive_step(opt, method, ddp_model, model, criterion, carrot, views, labels, ids,
-                                           queue=queue, key_encoder=key_encoder)
-        if queue is not None:
-            out['queue'] = {k: v.clone() for k, v in queue.state_dict().items()}
-        if method.uses_ids:
-            out['cache'] = criterion.cache_feat.clone()
-            out['cache_valid'] = criterion.cache_valid.clone()
-    out.update(loss=loss.detach(), stats={k: torch.as_tensor(v).detach() for k, v in stats.items()},
-               grads={n: p.grad.clone() for n, p in model.named_parameters()})
+    if queue is not None:
+        out['queue'] = {k: v.clone() for k, v in queue.state_dict().items()}
+    if not case.startswith('CE') and training.method.uses_ids:
+        out['cache'] = training.criterion.cache_feat.clone()
+        out['cache_valid'] = training.criterion.cache_valid.clone()
+    out.update(loss=loss.detach(), stats={k: torch.as_tensor(v).detach() for k, v in stats.items()}, grads=grads)
     return out
 
 

@@ -4,17 +4,10 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 
 import steps
-from engine import setup
-from losses_carrot import CARROT
-from methods import get_method
-from networks import SupCEResNet, SupConResNet
-from options import parse_option
-from util import prepare_model
+from helpers import build_training, step_batch, take_steps
 
-BSZ = 16
 CASES = {
     'SupCon': ['--method', 'SupCon'],
     'SimCLR': ['--method', 'SimCLR'],
@@ -26,41 +19,15 @@ CASES = {
 }
 
 
-def batch(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    views = [torch.randn(BSZ, 3, 16, 16, generator=g) for _ in range(2)]
-    return views, torch.randint(0, 3, (BSZ,), generator=g), torch.arange(100, 100 + BSZ)
-
-
 def build(case, chunk_size, train=False, dropout=False):
-    script = 'ce' if case.startswith('CE') else 'supcon'
-    opt = setup(parse_option(script, CASES[case] + ['--batch_size', str(BSZ), '--device', 'cpu',
-                                                    '--chunk_size', str(chunk_size)]), run_folder=False)
-    torch.manual_seed(0)
-    model = SupCEResNet('resnet_tiny', num_classes=3) if script == 'ce' else SupConResNet('resnet_tiny')
-    if dropout:    # a forward that draws random numbers: the RNG must be restored per chunk
-        model.encoder = nn.Sequential(model.encoder, nn.Dropout(0.5))
-    model = prepare_model(opt, model).train(train)
-    return opt, model, CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+    return build_training(CASES[case], ce=case.startswith('CE'), chunk=chunk_size, train=train, dropout=dropout)
 
 
-def run_step(case, chunk_size, train=False, dropout=False, model=None, seed=0):
-    """One step (after a warm-up step for RASCAL's cache); returns (loss, stats, grads, model)."""
-    opt, built, carrot = build(case, chunk_size, train, dropout)
-    model = model if model is not None else built
-    views, labels, ids = batch(seed)
-    if case.startswith('CE'):
-        torch.manual_seed(1)
-        model.zero_grad()
-        loss, stats = steps.ce_step(opt, model, model, carrot, views[0], labels)
-    else:
-        method = get_method(opt.method)
-        criterion = method.build(opt, 200)
-        for _ in range(2 if method.uses_ids else 1):
-            torch.manual_seed(1)
-            model.zero_grad()
-            loss, stats = steps.contrastive_step(opt, method, model, model, criterion, carrot, views, labels, ids)
-    return loss, stats, {n: p.grad.clone() for n, p in model.named_parameters()}, model
+def run_step(case, chunk_size, train=False, dropout=False, training=None, seed=0):
+    """One step (after a warm-up step for RASCAL's cache); returns (loss, stats, grads, training)."""
+    training = training if training is not None else build(case, chunk_size, train, dropout)
+    loss, stats, grads = take_steps(training, *step_batch(seed), seed=1)
+    return loss, stats, grads, training
 
 
 def assert_grads_equal(got, want, what):
@@ -88,15 +55,13 @@ def test_chunked_step_equals_the_plain_step(case, chunk):
 def reference_on_chunks(case, chunk, dropout):
     """The plain computation on the same chunks, in train mode: each chunk through the encoder with a graph
     (BatchNorm statistics per chunk, the RNG drawn in chunk order), then one backward of the whole loss."""
-    opt, model, carrot = build(case, 0, train=True, dropout=dropout)
-    views, labels, ids = batch()
-    method = get_method(opt.method)
-    criterion = method.build(opt, 200)
+    pre = build(case, 0, train=True, dropout=dropout)
+    model = pre.model
+    views, labels, ids = step_batch()
     torch.manual_seed(1)
-    chunks = steps.chunk_images(opt, views, chunk)
+    chunks = steps.chunk_images(pre.opt, views, chunk)
     h = steps.batch_order([model.encoder(c) for c in chunks], 2)
-    loss, _, _ = steps.supcon_loss_from_parts(opt, method, model, criterion, carrot, h, model.head(h),
-                                           labels.to(opt.device), ids, 2)
+    loss, _, _ = pre.loss_from_parts(h, model.head(h), labels, ids, 2)
     loss.backward()
     return {n: p.grad.clone() for n, p in model.named_parameters()}, model
 
@@ -111,7 +76,8 @@ def test_train_mode_equals_the_plain_step_on_the_same_chunks(breakage, monkeypat
         monkeypatch.setattr(steps, 'chunk_order', lambda *a: [torch.zeros_like(g) for g in real(*a)])
     elif breakage == 'rng_not_restored':
         monkeypatch.setattr(steps, 'restore_rng', lambda device, state: None)
-    _, _, got, model = run_step('SupCon', 6, train=True, dropout=True)
+    _, _, got, pre = run_step('SupCon', 6, train=True, dropout=True)
+    model = pre.model
     if breakage == 'none':
         assert_grads_equal(got, want, 'chunked vs per-chunk graph')
         # BatchNorm running statistics: updated once per chunk, as by the reference's single pass
@@ -124,13 +90,14 @@ def test_train_mode_equals_the_plain_step_on_the_same_chunks(breakage, monkeypat
 
 def test_bn_running_statistics_once_per_chunk():
     """After a chunked step the running statistics equal those after passing the same chunks once."""
-    opt, model, _ = build('SupCon', 5, train=True)
+    pre = build('SupCon', 5, train=True)
+    model = pre.model
     ref = copy.deepcopy(model)
-    views, labels, ids = batch()
+    views, labels, ids = step_batch()
     with torch.no_grad():
-        for chunk in steps.chunk_images(opt, views, 5):
+        for chunk in steps.chunk_images(pre.opt, views, 5):
             ref.encoder(chunk)
-    run_step('SupCon', 5, train=True, model=model)
+    run_step('SupCon', 5, train=True, training=pre)
     bn = [(n, b) for n, b in model.named_buffers() if 'running' in n or 'num_batches' in n]
     assert bn
     ref_buffers = dict(ref.named_buffers())
