@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import datasets, transforms
 
 from distributed import barrier, is_main
+from features import Feature, check
 from util import UserError
 
 
@@ -49,7 +50,7 @@ _FINE = sorted(n for names in CIFAR100_SUPERCLASSES.values() for n in names)
 _COARSE = sorted(CIFAR100_SUPERCLASSES)
 CIFAR100_COARSE = [next(c for c, name in enumerate(_COARSE) if fine in CIFAR100_SUPERCLASSES[name])
                    for fine in _FINE]
-# digits: a fixed grouping of the 10 digits into 5 coarse classes by shape (documented in the README)
+# digits: a fixed grouping of the 10 digits into 5 coarse classes by shape (documented in docs/USAGE.md)
 DIGITS_SUPERCLASSES = {'0-6': [0, 6], '1-7': [1, 7], '2-5': [2, 5], '3-8': [3, 8], '4-9': [4, 9]}
 DIGITS_COARSE = [next(c for c, fines in enumerate(DIGITS_SUPERCLASSES.values()) if d in fines) for d in range(10)]
 
@@ -382,3 +383,53 @@ def split_train_val(targets, val_fraction, seed):
     train_idx, val_idx = train_test_split(idx, test_size=val_fraction, stratify=np.asarray(targets),
                                           random_state=seed)
     return np.sort(train_idx).tolist(), np.sort(val_idx).tolist()
+
+
+# ---------------------------------------------------------------- the data features' flags (features.py)
+def _check_labels(opt, script, given, method):
+    if 'coarse' in (opt.label_granularity, opt.eval_labels):
+        coarse_labels(opt.dataset)    # a one-line error for datasets without superclasses
+
+
+LABELS = Feature(
+    'labels: coarse-to-fine', check=_check_labels,
+    flags={'--label_granularity': dict(choices=['fine', 'coarse'], default='fine', scripts=('supcon', 'ce'),
+                                       help='train on coarse labels: the 20 CIFAR-100 superclasses, or 5 digit groups'),
+           '--eval_labels': dict(choices=['fine', 'coarse'], default='fine', scripts=('linear',),
+                                 help='labels of the linear classifier (fine: CIFAR-100 classes / digits)')},
+    run_name=lambda opt: ('_coarse' if opt.label_granularity == 'coarse' else '')
+    + ('_evalcoarse' if opt.eval_labels == 'coarse' else ''))
+
+LONG_TAIL = Feature(
+    'long tail (cifar10_lt, cifar100_lt)',
+    flags={'--imb_factor': dict(type=float, default=0.01,
+                                help='cifar10_lt/cifar100_lt: smallest/largest class size of the training set')},
+    check=lambda opt, script, given, method: check(0 < opt.imb_factor <= 1,
+                                                   f'--imb_factor must be in (0, 1], got {opt.imb_factor}'),
+    run_name=lambda opt: f'_imb_{opt.imb_factor}' if dataset_info(opt.dataset).long_tail else '')
+
+LABEL_NOISE = Feature(
+    'label noise (docs/PROBES.md)',
+    flags={'--label_noise': dict(type=float, default=0.0,
+                                 help='symmetric label noise: this fraction of the training labels replaced by another '
+                                      'class, seeded by --seed and recorded in <run>/label_noise.json; test labels '
+                                      'stay clean')},
+    check=lambda opt, script, given, method: check(0 <= opt.label_noise < 1,
+                                                   f'--label_noise must be in [0, 1), got {opt.label_noise}'),
+    run_name=lambda opt: f'_noise_{opt.label_noise}' if opt.label_noise else '')
+
+
+def _check_augment(opt, script, given, method):
+    if opt.augment == 'device':
+        in_memory = ', '.join(name for name, row in DATASETS.items() if row.in_memory)
+        check(dataset_info(opt.dataset).in_memory,
+              f'--augment device needs a dataset held in memory ({in_memory}); --dataset {opt.dataset} decodes '
+              f'image files in DataLoader workers: use --augment cpu')
+
+
+AUGMENT = Feature(
+    'augmentation (docs/AUGMENT.md)', check=_check_augment,
+    flags={'--augment': dict(choices=['cpu', 'device'], default='cpu',
+                             help='training augmentation: cpu (per image, PIL, DataLoader workers: SupContrast\'s) '
+                                  'or device (the same pipeline batched on --device; in-memory datasets)')},
+    run_name=lambda opt: '_devaug' if opt.augment == 'device' else '')

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from data import build_dataset, build_loader, build_transform, coarse_labels, num_classes
+from features import Feature, check
 from monitors import rankme
 from util import UserError, autocast, progress, to_device
 
@@ -107,3 +108,22 @@ def knn_monitor(opt, model):
         out['collapse/rankme_test'] = rankme(feats)      # effective rank of the unit test features
         return out
     return evaluate_epoch
+
+
+# ---------------------------------------------------------------- the monitor's flags (features.py)
+def _check_monitor(opt, script, given, method):
+    check(opt.knn_every >= 0 and opt.knn_k >= 1 and opt.knn_t > 0,
+          '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')
+    check(opt.knn_shots >= 0, f'--knn_shots must be >= 0 (K labelled images per class; 0: off), got {opt.knn_shots}')
+    check(not opt.knn_shots or opt.knn_every, '--knn_shots is a setting of the kNN monitor: give --knn_every N too')
+
+
+MONITOR = Feature(
+    'kNN monitor', scripts=('supcon',), check=_check_monitor,
+    resume_may_change=('knn_every', 'knn_k', 'knn_t', 'knn_shots'),
+    flags={'--knn_every': dict(type=int, default=0, help='every N epochs (and at the last), weighted kNN accuracy of '
+                                                         'encoder features on the test split (0: off)'),
+           '--knn_k': dict(type=int, default=200, help='kNN monitor: neighbours'),
+           '--knn_t': dict(type=float, default=0.1, help='kNN monitor: temperature of the vote weights'),
+           '--knn_shots': dict(type=int, default=0, help='kNN monitor: also the accuracy with only K labelled '
+                                                         'training images per class (0: off)')})

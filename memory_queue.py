@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distributed import broadcast, gather, rank, world_size
+from features import Feature, check
 
 
 class QueueView(NamedTuple):
@@ -131,3 +132,31 @@ def sample_keys(features):
     """``[B, V, D]`` view features -> ``[B, D]``: the normalized mean of each sample's views (the sample-level
     summary the queue stores, as RASCAL's cache does)."""
     return F.normalize(features.float().mean(1), dim=1)
+
+
+# ---------------------------------------------------------------- the queue's flags (features.py)
+def _check_queue(opt, script, given, method):
+    check(opt.queue_size >= 0, f'--queue_size must be >= 0 (0: off), got {opt.queue_size}')
+    if not opt.queue_size:
+        stray = [f for f in ('moco_m', 'shuffle_bn_splits') if f in given]
+        check(not stray, f'--{stray[0] if stray else ""} needs --queue_size')
+        return
+    check(method.takes_queue, f'--queue_size is not defined for --method {opt.method}')
+    check(opt.queue_size >= opt.batch_size, f'--queue_size {opt.queue_size} is smaller than the (global) batch '
+                                            f'{opt.batch_size}: one step would overwrite its own keys')
+    check(0 <= opt.moco_m < 1, f'--moco_m must be in [0, 1), got {opt.moco_m}')
+    check('shuffle_bn_splits' not in given or opt.moco_m > 0, '--shuffle_bn_splits needs a key encoder (--moco_m > 0)')
+    check(opt.shuffle_bn_splits >= 1, f'--shuffle_bn_splits must be >= 1, got {opt.shuffle_bn_splits}')
+
+
+QUEUE = Feature(
+    'memory queue (docs/QUEUE.md)', scripts=('supcon',), check=_check_queue,
+    flags={'--queue_size': dict(type=int, default=0,
+                                help='memory queue of this many keys from earlier batches (0: off)'),
+           '--moco_m': dict(type=float, default=0.999,
+                            help='with --queue_size: momentum of the key encoder; 0: no key encoder, the keys are '
+                                 'the detached queries'),
+           '--shuffle_bn_splits': dict(type=int, default=8,
+                                       help='with a key encoder in one process: BatchNorm over this many shuffled '
+                                            'sub-batches of the keys')},
+    run_name=lambda opt: f'_queue_{opt.queue_size}_m_{opt.moco_m}' if opt.queue_size else '')

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from data import coarse_labels
+from features import Feature, check
 from knn import few_shot_indices, knn_predict  # noqa: F401  (few_shot_indices: part of this module's API)
 
 
@@ -49,3 +51,24 @@ def within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine, c
         pred = knn_predict(train_feats[bank], train_fine[bank], test_feats[queries], n_fine, k, t)
         correct += int((pred == test_fine[queries]).sum())
     return 100.0 * correct / test_fine.numel()
+
+
+# ---------------------------------------------------------------- the probes' flags (features.py)
+def _check_probes(opt, script, given, method):
+    check(opt.shots is None or opt.shots >= 1, f'--shots must be >= 1 (K labelled images per class), got {opt.shots}')
+    check(opt.shot_draws >= 1, f'--shot_draws must be >= 1, got {opt.shot_draws}')
+    check(opt.shots is None or opt.val_split == 0, '--shots fits the probe to convergence: --val_split has no use')
+    if opt.within_superclass:
+        coarse_labels(opt.dataset)    # a one-line error for datasets without superclasses
+
+
+PROBES = Feature(
+    'probes (docs/PROBES.md)', scripts=('linear',), check=_check_probes,
+    flags={'--shots': dict(type=int, default=None,
+                           help='few-shot probe instead of SGD training: a logistic regression on frozen features of '
+                                'K labelled training images per class, and a K-shot kNN'),
+           '--shot_draws': dict(type=int, default=5, help='--shots: draws of the K-shot set, averaged'),
+           '--shot_seed': dict(type=int, default=0, help='--shots: seed of the draws (their own, not --seed)'),
+           '--within_superclass': dict(action='store_true',
+                                       help='also report fine-label kNN accuracy within each test image\'s own '
+                                            'superclass (datasets with coarse labels)')})

@@ -24,12 +24,13 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from distributed import all_reduce_grads, all_reduce_sum, broadcast_buffers, gather, gather_with_grad, wrap_model
+from features import Feature, check
 from losses_carrot import CARROT, grad_balanced_total_loss
 from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
-from methods import get_method
+from methods import METHODS, get_method
 from monitors import collapse_statistics
 from networks import SupCEResNet, SupConResNet
-from util import accuracy, autocast, prepare_model, to_device
+from util import UserError, accuracy, autocast, prepare_model, to_device
 
 
 def carrot_term(opt, carrot, base, h, labels, params=()):
@@ -277,3 +278,44 @@ def cached_step(opt, model, encoder, head, views, chunk_size, loss_from, backwar
     restore_rng(opt.device, after)
     all_reduce_grads(model)                        # the mean over processes, as DDP; no-op in one process
     return loss.detach(), stats
+
+
+# ---------------------------------------------------------------- the flags of CARROT and gradient caching (features.py)
+def _check_carrot(opt, script, given, method):
+    check(0 <= opt.carrot_q_lo < opt.carrot_q_hi <= 1,
+          f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {opt.carrot_q_lo} and {opt.carrot_q_hi}')
+    if not opt.carrot:
+        stray = [f for f in ('carrot_on', 'carrot_weight', 'carrot_alpha_max') if f in given]
+        check(not stray, f'--{stray[0] if stray else ""} needs --carrot')
+        return
+    if method is not None and not method.uses_labels:
+        with_labels = ' or '.join(m.name for m in METHODS.values() if m.uses_labels)
+        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {opt.method}')
+    check(opt.carrot_weight is None or opt.carrot_weight >= 0, '--carrot_weight must be >= 0')
+    check(opt.carrot_weight is None or 'carrot_alpha_max' not in given,
+          '--carrot_alpha_max caps the balanced weight; with a fixed --carrot_weight it has no effect: give one')
+    check(opt.carrot_alpha_max > 0, f'--carrot_alpha_max must be > 0 (inf: no cap), got {opt.carrot_alpha_max}')
+
+
+CARROT_FLAGS = Feature(
+    'CARROT (docs/CARROT.md)', scripts=('supcon', 'ce'), check=_check_carrot,
+    flags={'--carrot': dict(action='store_true', help='add the CARROT corridor regularizer (needs labels)'),
+           '--carrot_on': dict(choices=['encoder', 'head'], default='encoder', scripts=('supcon',),
+                               help='CARROT on the encoder output or the projection output'),
+           '--carrot_q_hi': dict(type=float, default=0.9, help='CARROT: negative quantile for the lower wall L'),
+           '--carrot_q_lo': dict(type=float, default=0.1, help='CARROT: lower negative quantile (U = 1 - (q_hi - q_lo))'),
+           '--carrot_weight': dict(type=float, default=None,
+                                   help='CARROT: a fixed weight instead of gradient balancing (default: balanced)'),
+           '--carrot_alpha_max': dict(type=float, default=1.0, infinite_ok=True,
+                                      help='CARROT: cap on the balanced weight (inf: no cap, the first definition)')},
+    run_name=lambda opt: ('_carrot' + ('-head' if opt.carrot_on == 'head' else '')) if opt.carrot else '')
+
+
+CHUNKS = Feature(
+    'gradient caching', scripts=('supcon', 'ce'), resume_may_change=('chunk_size',),
+    flags={'--chunk_size': dict(type=int, default=0,
+                                help='run the encoder on chunks of this many samples (all their views) and get the '
+                                     'full-batch gradient with the memory of one chunk (0: off)')},
+    check=lambda opt, script, given, method: check(
+        0 <= opt.chunk_size <= opt.batch_size,
+        f'--chunk_size must be in [0, --batch_size {opt.batch_size}] (0: off), got {opt.chunk_size}'))

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from features import Feature
+
 
 class UserError(Exception):
     """Bad input from the user: reported as one line on stderr with exit status 2."""
@@ -137,6 +139,19 @@ def warmup_learning_rate(opt, epoch, batch_id, total_batches, optimizer):
         set_lr(optimizer, opt.warmup_from + p * (warmup_target(opt) - opt.warmup_from))
 
 
+def _schedule_defaults(opt, script, given, method):
+    if opt.batch_size > 256:      # SupContrast: large batches always warm up; 10 epochs from 0.01
+        opt.warm = True
+    opt.warm_epochs, opt.warmup_from = 10, 0.01
+
+
+SCHEDULE = Feature(
+    'learning-rate schedule', check=_schedule_defaults, resume_may_change=('warm_epochs', 'warmup_from'),
+    flags={'--cosine': dict(action='store_true', help='cosine annealing (else step decay at --lr_decay_epochs)'),
+           '--warm': dict(action='store_true', help='10-epoch linear warm-up from 0.01 (always on above batch 256)')},
+    run_name=lambda opt: ('_cosine' if opt.cosine else '') + ('_warm' if opt.warm else ''))
+
+
 def set_optimizer(opt, params):
     return torch.optim.SGD(params, lr=opt.learning_rate, momentum=opt.momentum,
                            weight_decay=opt.weight_decay)
@@ -205,6 +220,14 @@ def autocast(opt):
     dtype = AMP_DTYPES[opt.amp]
     return torch.autocast(device_type=opt.device.type, dtype=dtype or torch.float32,
                           enabled=dtype is not None)
+
+
+PRECISION = Feature(
+    'precision and memory layout', resume_may_change=('amp', 'channels_last'),
+    flags={'--amp': dict(choices=list(AMP_DTYPES), default='none',
+                         help='mixed precision autocast (losses still compute in float32)'),
+           '--channels_last': dict(action='store_true', help='channels-last memory format')},
+    run_name=lambda opt: f'_{opt.amp}' if opt.amp != 'none' else '')
 
 
 def grad_scaler(opt):

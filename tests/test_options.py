@@ -42,7 +42,7 @@ def test_carrot_quantile_flags_parse():
 
 
 def test_mean_std_parsing():
-    from options import _floats
+    from features import floats as _floats
     assert _floats('(0.4914, 0.4822, 0.4465)') == (0.4914, 0.4822, 0.4465)
     assert _floats('0.5') == (0.5, 0.5, 0.5)
     assert _floats('[1e-1,2,3]') == (0.1, 2.0, 3.0)

@@ -1,0 +1,96 @@
+"""Features as declarations: what a feature adds to the command line, next to the code that reads it.
+
+A :class:`Feature` (CARROT, the memory queue, gradient caching, the kNN monitor, long-tail and coarse labels,
+label noise, the learning-rate schedule, AMP/channels-last, device augmentation, few-shot probes) names its
+flags with their real defaults and help lines, the scripts that have them, its checks, its part of the run
+folder's name and which of its flags may change on ``--resume``. ``options.py`` collects the features (as
+``methods.py`` collects methods) into the parsers, the validation, the run name and the resume rules; see
+docs/DEVELOPING.md, "Adding a flag".
+
+Each feature is declared in the module whose code reads its flags, e.g.::
+
+    QUEUE = Feature('memory queue (docs/QUEUE.md)', scripts=('supcon',),
+                    flags={'--queue_size': dict(type=int, default=0, help='...')},
+                    check=_check_queue, run_name=lambda opt: f'_queue_{opt.queue_size}' if opt.queue_size else '')
+"""
+import argparse
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+SCRIPTS = ('supcon', 'ce', 'linear')
+# keys of a flag declaration that are ours, not argparse's
+OWN_KEYS = ('scripts', 'infinite_ok')
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature's command-line declaration.
+
+    Attributes:
+        name: the ``--help`` group title.
+        flags: ``{'--flag': argparse keywords}``: ``default`` is the real default (shown by ``--help``) and
+            every flag has a ``help`` line. Two keys of ours: ``scripts`` (a flag only some of the feature's
+            scripts have) and ``infinite_ok`` (a float flag that accepts ``inf``; every other float must be
+            finite).
+        scripts: the scripts that have the feature.
+        check: ``check(opt, script, given, method)`` after parsing: raise :class:`util.UserError` with one
+            line for a bad value or combination (``given``: the flags' destinations given on the command
+            line; ``method``: the ``methods.Method`` of ``main_supcon.py``, else ``None``).
+        run_name: ``run_name(opt) -> str``: the feature's suffix of the run folder's name (``''`` when off).
+        resume_may_change: destinations of its flags that may differ when a run is resumed.
+    """
+    name: str
+    flags: dict
+    scripts: tuple = SCRIPTS
+    check: Optional[Callable] = None
+    run_name: Optional[Callable] = None
+    resume_may_change: tuple = field(default_factory=tuple)
+
+    def flags_of(self, script):
+        """``{'--flag': argparse keywords}`` of the flags ``script`` has (our keys removed)."""
+        if script not in self.scripts:
+            return {}
+        return {flag: {k: v for k, v in kw.items() if k not in OWN_KEYS} for flag, kw in self.flags.items()
+                if script in kw.get('scripts', self.scripts)}
+
+    def defaults(self):
+        """``{dest: default}`` of every flag (what a script without the flag reads)."""
+        return {dest(flag): kw.get('default', False if kw.get('action') == 'store_true' else None)
+                for flag, kw in self.flags.items()}
+
+
+def dest(flag):
+    return flag.lstrip('-').replace('-', '_')
+
+
+def check(condition, message):
+    """Raise :class:`util.UserError` (one line, exit 2) with ``message`` unless ``condition``."""
+    if not condition:
+        from util import UserError     # here, not at the top: util declares features itself
+        raise UserError(message)
+
+
+# ---------------------------------------------------------------- argument types shared by the declarations
+_NUMBER = r'[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?'
+
+
+def floats(text):
+    """Parse '(0.4914, 0.4822, 0.4465)', '0.5,0.5,0.5' or '0.5' into a tuple of 3 floats (never eval)."""
+    values = re.findall(_NUMBER, text)
+    leftover = re.sub(_NUMBER + r'|[\s,()\[\]]', '', text)
+    if leftover or len(values) not in (1, 3):
+        raise argparse.ArgumentTypeError(f'expected 1 or 3 numbers such as "(0.5, 0.5, 0.5)", got {text!r}')
+    values = tuple(float(v) for v in values)
+    return values * 3 if len(values) == 1 else values
+
+
+def epoch_list(text):
+    """Parse '700,800,900' into ``[700, 800, 900]`` (epochs >= 1)."""
+    try:
+        epochs = [int(x) for x in text.split(',') if x.strip()]
+    except ValueError:
+        epochs = [0]
+    if not all(e >= 1 for e in epochs):
+        raise argparse.ArgumentTypeError(f'expected comma-separated epochs >= 1 such as 700,800,900, got {text!r}')
+    return epochs
