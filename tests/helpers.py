@@ -75,20 +75,6 @@ def make_image_folder(root, classes=('a', 'b', 'c'), per_class=6, size=12, seed=
     return root
 
 
-def assert_value_and_grad_close(fn, reference, inputs, rtol=1e-5, atol=1e-8):
-    """``fn(x)`` and ``reference(x)`` (scalars) agree in value and in gradient w.r.t. ``inputs``;
-    both finite. Returns ``fn``'s value."""
-    x1, x2 = inputs.clone().requires_grad_(True), inputs.clone().requires_grad_(True)
-    got, want = fn(x1), reference(x2)
-    assert torch.isfinite(got)
-    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
-    got.backward()
-    want.backward()
-    assert torch.isfinite(x1.grad).all()
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=rtol, atol=atol)
-    return got
-
-
 def unit(*shape, dtype=torch.float64, seed=0):
     """Random unit vectors along the last dim (seeded)."""
     g = torch.Generator().manual_seed(seed)

@@ -1,61 +1,21 @@
-"""losses.py: SupConLoss, NTLogisticLoss and MarginalTripletLoss against per-row / per-pair loops
-written from their equations."""
-import math
-
+"""losses.py: SupConLoss, NTLogisticLoss and MarginalTripletLoss against the per-row / per-pair loops of
+``tests/reference.py``, written from their equations."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_value_and_grad_close, unit
+import reference
+from helpers import unit
+from reference import assert_value_and_grad_close
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
-
-
-def reference_supcon(features, labels=None, mask=None, temperature=0.07, base_temperature=0.07,
-                     mode='all'):
-    """One anchor at a time, one positive at a time (SupContrast semantics)."""
-    bsz, n_views = features.shape[:2]
-    f = features.reshape(bsz, n_views, -1)
-    rows = [f[b, v] for v in range(n_views) for b in range(bsz)]       # view-major
-    sample = [b for v in range(n_views) for b in range(bsz)]
-    if labels is not None:
-        weight = lambda i, j: float(labels[i] == labels[j])
-    elif mask is not None:
-        weight = lambda i, j: float(mask[i, j])
-    else:
-        weight = lambda i, j: float(i == j)
-    anchors = range(len(rows)) if mode == 'all' else range(bsz)
-    total = features.sum() * 0.0  # keeps the graph when no anchor has a positive
-    for a in anchors:
-        others = [c for c in range(len(rows)) if c != a]
-        if not others:
-            continue
-        logits = torch.stack([rows[a] @ rows[c] / temperature for c in others])
-        log_denom = torch.logsumexp(logits, 0)
-        num, den = features.new_zeros(()), 0.0
-        for k, c in enumerate(others):
-            w = weight(sample[a], sample[c])
-            if w:
-                num = num + w * (logits[k] - log_denom)
-                den += w
-        if den > 0:
-            total = total - (temperature / base_temperature) * num / den
-    return total / len(anchors)
 
 
 def check(features, **kw):
     temps = dict(temperature=kw.pop('temperature', 0.1), base_temperature=kw.pop('base_temperature', 0.07))
     mode = kw.pop('mode', 'all')
-    x1 = features.clone().requires_grad_(True)
-    x2 = features.clone().requires_grad_(True)
-    got = SupConLoss(contrast_mode=mode, **temps)(x1, **kw)
-    want = reference_supcon(x2, mode=mode, **kw, **temps)
-    assert torch.isfinite(got)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
-    got.backward()
-    want.backward()
-    assert torch.isfinite(x1.grad).all()
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-7)
-    return got
+    return assert_value_and_grad_close(lambda x: SupConLoss(contrast_mode=mode, **temps)(x, **kw),
+                                       lambda x: reference.contrastive(x, mode=mode, **kw, **temps), features,
+                                       atol=1e-7)
 
 
 @pytest.mark.parametrize('n_views', [1, 2, 3])
@@ -83,7 +43,7 @@ def test_float32_matches_float64():
     features = unit(16, 2, 32, seed=4)
     labels = torch.arange(16) % 3
     lo = SupConLoss()(features.float(), labels)
-    hi = reference_supcon(features, labels)
+    hi = reference.contrastive(features, labels)
     assert lo.dtype == torch.float32
     torch.testing.assert_close(lo.double(), hi, rtol=1e-5, atol=1e-6)
 
@@ -112,7 +72,7 @@ def test_anchor_without_positive_counts_in_mean():
     full = SupConLoss()(features, labels)
     pair = SupConLoss()(features, mask=torch.tensor([[1., 1, 0], [1, 1, 0], [0, 0, 0]]))
     torch.testing.assert_close(full, pair)
-    both = reference_supcon(features, labels)
+    both = reference.contrastive(features, labels)
     torch.testing.assert_close(full, both)
 
 
@@ -155,63 +115,15 @@ def test_bad_arguments():
         SupConLoss(contrast_mode='some')
 
 
-def _rows(features, labels=None):
-    """(rows, is_positive(i, j)) with view-major rows, one pair at a time."""
-    bsz, n_views = features.shape[:2]
-    rows = [features[b, v].reshape(-1) for v in range(n_views) for b in range(bsz)]
-    sample = [b for v in range(n_views) for b in range(bsz)]
-    if labels is None:
-        same = lambda i, j: sample[i] == sample[j]
-    else:
-        same = lambda i, j: bool(labels[sample[i]] == labels[sample[j]])
-    return rows, same
-
-
-def reference_ntlogistic(features, labels=None, temperature=0.5):
-    rows, same = _rows(features, labels)
-    total = features.sum() * 0.0
-    for i in range(len(rows)):
-        pos, neg = [], []
-        for j in range(len(rows)):
-            if j == i:
-                continue
-            s = rows[i] @ rows[j] / temperature
-            if same(i, j):
-                pos.append(math.log(1.0) - torch.log1p(torch.exp(-s)))      # log sigmoid(s)
-            else:
-                neg.append(-torch.log1p(torch.exp(s)))                       # log sigmoid(-s)
-        if pos:
-            total = total - sum(pos) / len(pos)
-        if neg:
-            total = total - sum(neg) / len(neg)
-    return total / len(rows)
-
-
-def reference_triplet(features, labels=None, margin=1.0):
-    rows, same = _rows(features, labels)
-    total = features.sum() * 0.0
-    for i in range(len(rows)):
-        pos = [j for j in range(len(rows)) if j != i and same(i, j)]
-        neg = [k for k in range(len(rows)) if k != i and not same(i, k)]
-        if not pos or not neg:
-            continue
-        per_pos = []
-        for p in pos:
-            hinges = [F.relu(rows[i] @ rows[n] - rows[i] @ rows[p] + margin) for n in neg]  # relu: 0 slope at 0
-            per_pos.append(sum(hinges) / len(neg))
-        total = total + sum(per_pos) / len(pos)
-    return total / len(rows)
-
-
 FAMILY = {
-    'ntlogistic': (lambda: NTLogisticLoss(temperature=0.5), lambda f, y: reference_ntlogistic(f, y, 0.5)),
-    'margin_triplet': (lambda: MarginalTripletLoss(margin=0.7), lambda f, y: reference_triplet(f, y, 0.7)),
+    'ntlogistic': (lambda: NTLogisticLoss(temperature=0.5), lambda f, y: reference.ntlogistic(f, y, 0.5)),
+    'margin_triplet': (lambda: MarginalTripletLoss(margin=0.7), lambda f, y: reference.triplet(f, y, 0.7)),
 }
 
 
 def check_family(name, features, labels=None):
-    make, reference = FAMILY[name]
-    return assert_value_and_grad_close(lambda x: make()(x, labels=labels), lambda x: reference(x, labels), features)
+    make, oracle = FAMILY[name]
+    return assert_value_and_grad_close(lambda x: make()(x, labels=labels), lambda x: oracle(x, labels), features)
 
 
 @pytest.mark.parametrize('name', sorted(FAMILY))
@@ -236,7 +148,7 @@ def test_triplet_ties_and_hinge_boundary():
     g = torch.Generator().manual_seed(3)
     features = (torch.randint(0, 2, (8, 2, 4), generator=g).double() - 0.5)
     for margin in (0.0, 0.5):
-        assert_value_and_grad_close(MarginalTripletLoss(margin), lambda x: reference_triplet(x, None, margin),
+        assert_value_and_grad_close(MarginalTripletLoss(margin), lambda x: reference.triplet(x, None, margin),
                                     features)
 
 
@@ -275,11 +187,11 @@ def test_family_degenerate_batches_are_finite(name, case):
     elif case == 'all_distinct':
         features, labels = features[:, :1], torch.arange(6)
     x = features.clone().requires_grad_(True)
-    make, reference = FAMILY[name]
+    make, oracle = FAMILY[name]
     loss = make()(x, labels=labels)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
-    torch.testing.assert_close(loss.double(), reference(features.double(), labels), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss.double(), oracle(features.double(), labels), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('name', sorted(FAMILY))

@@ -1,30 +1,14 @@
-"""CARROT against a plain reference written from docs/CARROT.md."""
+"""CARROT against the plain reference of ``tests/reference.py``, written from docs/CARROT.md."""
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import reference
 from losses import SupConLoss
 from losses import flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss, pair_quantiles
-
-
-def reference_carrot(h, y, q_hi=0.9, q_lo=0.1):
-    """Loops over ordered pairs; torch.quantile for the walls. Returns (reg, L, U) or (0, None, None)."""
-    z = F.normalize(h.double(), dim=1)
-    S = (z @ z.T).clamp(-1, 1)
-    n = len(y)
-    negs = [S[i, j].detach() for i in range(n) for j in range(n) if y[i] != y[j]]
-    pos = [(i, j) for i in range(n) for j in range(n) if i != j and y[i] == y[j]]
-    if not negs or not pos:
-        return h.sum() * 0.0, None, None
-    negs = torch.stack(negs)
-    hi, lo = torch.quantile(negs, q_hi), torch.quantile(negs, q_lo)
-    L = hi
-    U = min(max(1 - max(hi - lo, 0), L + 1e-3), 0.999)
-    terms = [F.relu(L - S[i, j]) ** 2 + F.relu(S[i, j] - U) ** 2 for i, j in pos]
-    return torch.stack(terms).mean(), float(L), float(U)
 
 
 def carrot(h, y, *qs):
@@ -44,7 +28,7 @@ def test_matches_reference(seed, qs):
     y = torch.randint(0, 3, (14,), generator=torch.Generator().manual_seed(seed))
     x1, x2 = h.clone().requires_grad_(True), h.clone().requires_grad_(True)
     reg, stats = carrot(x1, y, *qs)
-    want, L, U = reference_carrot(x2, y, *qs)
+    want, L, U = reference.carrot(x2, y, *qs)
     torch.testing.assert_close(reg.double(), want, rtol=1e-5, atol=1e-7)
     assert float(stats['L']) == pytest.approx(L, rel=1e-5) and float(stats['U']) == pytest.approx(U, rel=1e-5)
     reg.backward()
@@ -56,7 +40,7 @@ def test_ties_quantized():
     h = torch.tensor([[1., 0], [1, 0], [0, 1], [0, 1], [1, 1], [1, -1], [-1, 0], [1, 0]])
     y = torch.tensor([0, 1, 0, 1, 2, 2, 0, 1])
     reg, stats = carrot(h.double(), y)
-    want, L, U = reference_carrot(h, y)
+    want, L, U = reference.carrot(h, y)
     torch.testing.assert_close(reg.double(), want.double(), rtol=1e-5, atol=1e-7)
     assert float(stats['L']) == pytest.approx(L, abs=1e-6) and float(stats['U']) == pytest.approx(U, abs=1e-6)
 
@@ -177,7 +161,7 @@ def test_multiview_label_order():
     assert torch.equal(h, torch.stack(rows)) and y.tolist() == [0, 0, 1, 1, 2] * 2
     good, _ = carrot(h, y, 0.75, 0.25)
     wrong, _ = carrot(h, labels.repeat_interleave(2), 0.75, 0.25)
-    want, _, _ = reference_carrot(torch.stack(rows), [int(labels[b]) for v in range(2) for b in range(5)], 0.75, 0.25)
+    want, _, _ = reference.carrot(torch.stack(rows), [int(labels[b]) for v in range(2) for b in range(5)], 0.75, 0.25)
     torch.testing.assert_close(good.double(), want, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(good, wrong)
 

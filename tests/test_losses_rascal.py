@@ -1,68 +1,15 @@
-"""RASCALLoss against a per-row reference written from docs/RASCAL.md."""
+"""RASCALLoss against the per-row reference of ``tests/reference.py``, written from docs/RASCAL.md."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import reference
 from helpers import unit
 from losses import SupConLoss
 from losses_rascal import RASCALLoss, fractional_rank_desc
-
-
-# ------------------------------------------------------------------ reference (spec, row by row)
-def frac_rank_desc(values):
-    """Rank 0 = largest; ties share the mean of the positions they span."""
-    return [sum(y > x for y in values) + (sum(y == x for y in values) - 1) / 2 for x in values]
-
-
-def ref_weights(r, P, rows, sid, cache_feat, cache_valid, weighting):
-    m = len(P)
-    uniform = [1.0 / m] * m
-    if weighting == 'uniform':
-        return uniform, False
-    cur = [float(rows[r].detach() @ rows[c].detach()) for c in P]
-    rank_cur = frac_rank_desc(cur)
-    if weighting == 'current':
-        w = [1 - x / (m - 1) if m > 1 else 1.0 for x in rank_cur]
-        return [x / sum(w) for x in w], True
-    if not cache_valid[sid[r]] or any(not cache_valid[sid[c]] for c in P):
-        return uniform, False
-    old = [float(cache_feat[sid[r]] @ cache_feat[sid[c]]) for c in P]
-    rank_old = frac_rank_desc(old)
-    drift = [abs(a - b) / (m - 1) if m > 1 else 0.0 for a, b in zip(rank_cur, rank_old)]
-    w = [max(0.0, 1 - d) for d in drift]
-    if sum(w) <= 1e-12:
-        return uniform, False
-    return [x / sum(w) for x in w], True
-
-
-def reference_rascal(features, labels, sample_idx, cache_feat, cache_valid, tau=0.1, tau_base=0.07,
-                     weighting='agreement'):
-    """Returns (loss, new cache_feat, new cache_valid)."""
-    bsz, n_views = features.shape[:2]
-    z = F.normalize(features.reshape(bsz, n_views, -1), dim=-1)
-    rows = [z[b, v] for v in range(n_views) for b in range(bsz)]      # view-major
-    lab = [int(labels[b]) for v in range(n_views) for b in range(bsz)]
-    sid = [int(sample_idx[b]) for v in range(n_views) for b in range(bsz)]
-    total = features.sum() * 0.0
-    for r in range(len(rows)):
-        others = [c for c in range(len(rows)) if c != r]
-        P = [c for c in others if lab[c] == lab[r]]
-        if not P:
-            continue
-        log_denom = torch.logsumexp(torch.stack([rows[r] @ rows[c] / tau for c in others]), 0)
-        W, _ = ref_weights(r, P, rows, sid, cache_feat, cache_valid, weighting)
-        for c, w in zip(P, W):
-            total = total + w * (rows[r] @ rows[c] / tau - log_denom)
-    loss = -(tau / tau_base) * total / len(rows)
-    new_feat, new_valid = cache_feat.clone(), cache_valid.clone()
-    for i in set(int(s) for s in sample_idx):
-        occ = [b for b in range(bsz) if int(sample_idx[b]) == i]
-        mean = sum(z[b].detach().mean(0) for b in occ) / len(occ)
-        new_feat[i] = F.normalize(mean, dim=0)
-        new_valid[i] = True
-    return loss, new_feat, new_valid
+from reference import assert_value_and_grad_close
 
 
 # ------------------------------------------------------------------ helpers
@@ -89,17 +36,11 @@ def make_loss(n, d, weighting, cache_feat=None, cache_valid=None, tau=0.1, tau_b
 def check(features, labels, sample_idx, n, cache_feat, cache_valid, weighting, **kw):
     d = features.reshape(features.shape[0], features.shape[1], -1).shape[-1]
     crit = make_loss(n, d, weighting, cache_feat, cache_valid, **kw)
-    x1 = features.clone().requires_grad_(True)
-    x2 = features.clone().requires_grad_(True)
-    got = crit(x1, labels, sample_idx)
-    want, want_feat, want_valid = reference_rascal(x2, labels, sample_idx, cache_feat, cache_valid,
-                                                   weighting=weighting, **kw)
-    assert torch.isfinite(got)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
-    got.backward()
-    want.backward()
-    assert torch.isfinite(x1.grad).all()
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-8)
+    _, want_feat, want_valid = reference.rascal(features, labels, sample_idx, cache_feat, cache_valid,
+                                                weighting=weighting, **kw)
+    got = assert_value_and_grad_close(lambda x: crit(x, labels, sample_idx),
+                                      lambda x: reference.rascal(x, labels, sample_idx, cache_feat, cache_valid,
+                                                                 weighting=weighting, **kw)[0], features)
     torch.testing.assert_close(crit.cache_feat, want_feat, rtol=1e-6, atol=1e-9)
     assert torch.equal(crit.cache_valid, want_valid)
     return crit, got
@@ -182,7 +123,7 @@ def test_cache_used_before_update_and_written_after():
     feats, labels, idx, n, cache, valid = random_case(8, 2, 2, seed=17)
     crit = make_loss(n, 8, 'agreement', cache, valid)
     before = crit.cache_feat.clone()
-    want, _, _ = reference_rascal(feats, labels, idx, before, valid)
+    want, _, _ = reference.rascal(feats, labels, idx, before, valid)
     torch.testing.assert_close(crit(feats, labels, idx), want)     # weights from the old cache
     expected = F.normalize(F.normalize(feats, dim=-1).mean(1), dim=1)
     torch.testing.assert_close(crit.cache_feat[idx], expected)
@@ -209,7 +150,7 @@ def test_view_alignment():
     labels = torch.tensor([0, 0, 1])
     crit = make_loss(n, 8, 'agreement', cache, valid)
     got = crit(feats, labels, idx)
-    want, _, _ = reference_rascal(feats, labels, idx, cache, valid)
+    want, _, _ = reference.rascal(feats, labels, idx, cache, valid)
     torch.testing.assert_close(got, want)
     # the same batch laid out sample-major gives a different loss: the test above has power
     wrong = feats.reshape(6, 8)[torch.tensor([0, 3, 1, 4, 2, 5])].reshape(2, 3, 8).transpose(0, 1)
@@ -245,6 +186,11 @@ def test_fractional_rank_helper():
     v = torch.tensor([[0.3, 0.9, 0.3, 0.1, 5.0]])
     valid = torch.tensor([[True, True, True, True, False]])
     assert fractional_rank_desc(v, valid)[0, :4].tolist() == [1.5, 0.0, 1.5, 3.0]
+    # against the reference on rows with many ties (values from {0, 1, 2})
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 3, (20, 7), generator=g).double()
+    got = fractional_rank_desc(rows, torch.ones_like(rows, dtype=torch.bool))
+    assert got.tolist() == [reference.frac_rank_desc(r.tolist()) for r in rows]
 
 
 # ------------------------------------------------------------------ dtypes, errors, state

@@ -1,14 +1,16 @@
-"""memory_queue.py and the losses' queue argument: SupConLoss and RASCALLoss with a memory queue against
-per-row loops written from docs/QUEUE.md; the queue's pointer and wrap-around; the momentum update."""
+"""memory_queue.py and the losses' queue argument: SupConLoss and RASCALLoss with a memory queue against the
+per-row loops of ``tests/reference.py`` (docs/QUEUE.md); the queue's pointer and wrap-around; the momentum update."""
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import reference
 from helpers import unit
 from losses import SupConLoss
 from losses_rascal import RASCALLoss
 from memory_queue import MemoryQueue, MomentumEncoder, QueueView, key_features, sample_keys
+from reference import assert_value_and_grad_close
 
 
 def make_queue(k, d, n_valid, n_classes=3, n_ids=40, seed=0):
@@ -19,46 +21,10 @@ def make_queue(k, d, n_valid, n_classes=3, n_ids=40, seed=0):
                      torch.randint(0, n_ids, (k,), generator=g), valid)
 
 
-def reference(features, labels, queue, tau=0.1, tau_base=0.07, weights=None):
-    """One anchor at a time: the contrast set is every other row and every valid queue entry; positives are
-    the same-label ones (the other views of the sample without labels; queue entries are then negatives).
-    ``weights(r, P)``: the weights over the positives (default uniform: SupCon, which takes the features as
-    given; RASCAL normalizes them)."""
-    bsz, n_views = features.shape[:2]
-    z = features.reshape(bsz, n_views, -1)
-    if weights is not None:
-        z = F.normalize(z, dim=-1)
-    rows = [z[b, v] for v in range(n_views) for b in range(bsz)]
-    sample = [b for v in range(n_views) for b in range(bsz)]
-    lab = None if labels is None else [int(labels[b]) for b in sample]
-    cols = [('row', c) for c in range(len(rows))] + [('queue', j) for j in range(queue.feat.shape[0])
-                                                      if bool(queue.valid[j])]
-    vec = lambda col: rows[col[1]] if col[0] == 'row' else queue.feat[col[1]].to(features.dtype)
-    total = features.sum() * 0.0
-    for r in range(len(rows)):
-        others = [c for c in cols if c != ('row', r)]
-        if not others:
-            continue
-        log_denom = torch.logsumexp(torch.stack([rows[r] @ vec(c) / tau for c in others]), 0)
-        if lab is None:
-            P = [c for c in others if c[0] == 'row' and sample[c[1]] == sample[r]]
-        else:
-            P = [c for c in others if (lab[c[1]] if c[0] == 'row' else int(queue.label[c[1]])) == lab[r]]
-        if not P:
-            continue
-        W = weights(r, P, rows, vec) if weights else [1.0 / len(P)] * len(P)
-        total = total + sum(w * (rows[r] @ vec(c) / tau - log_denom) for c, w in zip(P, W))
-    return -(tau / tau_base) * total / len(rows)
-
-
-def check(loss_fn, features, labels, queue, **kw):
-    x1, x2 = features.clone().requires_grad_(True), features.clone().requires_grad_(True)
-    got, want = loss_fn(x1), reference(x2, labels, queue, **kw)
-    assert torch.isfinite(got)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
-    got.backward()
-    want.backward()
-    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-8)
+def check(loss_fn, features, labels, queue, weights=None):
+    """``loss_fn`` against ``reference.contrastive`` with the queue (RASCAL's: normalized rows and ``weights``)."""
+    kw = dict(temperature=0.1, base_temperature=0.07, weights=weights, normalize=weights is not None)
+    assert_value_and_grad_close(loss_fn, lambda x: reference.contrastive(x, labels, queue=queue, **kw), features)
 
 
 @pytest.mark.parametrize('n_valid', [0, 5, 12, 20])          # empty, partly filled, full
@@ -87,27 +53,9 @@ def test_an_empty_queue_equals_no_queue_exactly():
     assert torch.equal(a.cache_feat, b.cache_feat)
 
 
-def frac_rank_desc(values):
-    return [sum(y > x for y in values) + (sum(y == x for y in values) - 1) / 2 for x in values]
-
-
-def rascal_weights(cache_feat, cache_valid, sample_idx, queue, bsz):
+def rascal_weights(cache_feat, cache_valid, sample_idx, queue):
     """The agreement weights of docs/RASCAL.md over P(r), where a queue positive's sample is its dataset id."""
-    def sid(r_or_col):
-        kind, i = r_or_col
-        return int(sample_idx[i % bsz]) if kind == 'row' else int(queue.idx[i])
-
-    def weights(r, P, rows, vec):
-        m = len(P)
-        ids = [sid(c) for c in P]
-        if not bool(cache_valid[int(sample_idx[r % bsz])]) or not all(bool(cache_valid[i]) for i in ids):
-            return [1.0 / m] * m
-        cur = [float(rows[r].detach() @ vec(c).detach()) for c in P]
-        old = [float(cache_feat[int(sample_idx[r % bsz])] @ cache_feat[i]) for i in ids]
-        drift = [abs(a - b) / (m - 1) if m > 1 else 0.0 for a, b in zip(frac_rank_desc(cur), frac_rank_desc(old))]
-        w = [max(0.0, 1 - d) for d in drift]
-        return [x / sum(w) for x in w] if sum(w) > 1e-12 else [1.0 / m] * m
-    return weights
+    return reference.rascal_weights('agreement', cache_feat, cache_valid, sample_idx, queue)
 
 
 @pytest.mark.parametrize('fill', [1.0, 0.7])      # 0.7: some queue entries' (and samples') cache entries missing
@@ -124,7 +72,7 @@ def test_rascal_with_queue_positives_matches_the_reference(fill, n_valid):
     dense = crit.weight_matrix(feats, labels, sample_idx, queue=queue)
     assert dense.shape == (16, 36) and dense[:, 16:].sum() > 0          # queue positives carry weight
     check(lambda x: crit(x, labels, sample_idx, queue=queue), feats, labels, queue,
-          weights=rascal_weights(cache_feat, cache_valid, sample_idx, queue, 8))
+          weights=rascal_weights(cache_feat, cache_valid, sample_idx, queue))
     assert crit.last_stats['ranked_row_rate'] < 1 if fill < 1 else crit.last_stats['ranked_row_rate'] == 1
 
 
@@ -192,7 +140,7 @@ def dense_reference_weights(cache_feat, cache_valid, feats, labels, sample_idx, 
     cols = [('row', c) for c in range(len(rows))] + [('queue', j) for j in range(queue.feat.shape[0])
                                                       if bool(queue.valid[j])]
     vec = lambda col: rows[col[1]] if col[0] == 'row' else queue.feat[col[1]].to(feats.dtype)
-    weights = rascal_weights(cache_feat, cache_valid, sample_idx, queue, bsz)
+    weights = rascal_weights(cache_feat, cache_valid, sample_idx, queue)
     dense = torch.zeros(len(rows), len(rows) + queue.feat.shape[0], dtype=torch.float64)
     for r in range(len(rows)):
         P = [c for c in cols if c != ('row', r) and
@@ -265,7 +213,8 @@ def test_positives_sharing_an_id_tie_on_every_machine(dtype, other_machine, monk
     tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-6, atol=1e-9)
     x1, x2 = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
     got_loss = crit(x1, labels, sample_idx, queue=queue)
-    want_loss = reference(x2, labels, queue, weights=rascal_weights(cache_feat, cache_valid, sample_idx, queue, 8))
+    want_loss = reference.contrastive(x2, labels, queue=queue, temperature=0.1, normalize=True,
+                                      weights=rascal_weights(cache_feat, cache_valid, sample_idx, queue))
     torch.testing.assert_close(got_loss, want_loss.to(dtype), **tol)
     got_loss.backward()
     want_loss.backward()

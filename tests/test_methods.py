@@ -1,5 +1,5 @@
 """methods.py: the registry of contrastive methods. A toy method registered from outside the repository's
-files trains through the real main_supcon.py, so the README's "Adding a method" stays true."""
+files trains through the real main_supcon.py, so docs/DEVELOPING.md's "Adding a method" stays true."""
 import os
 import subprocess
 import sys

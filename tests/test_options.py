@@ -1,11 +1,12 @@
 """options.py: parsing, defaults, validation and run names (in-process, no training), and bad input through the
 real scripts: one line on stderr, non-zero exit, no traceback."""
 import argparse
+import os
 
 import pytest
 import torch
 
-from helpers import assert_one_line_error, run_script
+from helpers import ROOT, assert_one_line_error, run_script
 from options import parse_option
 from util import UserError
 
@@ -193,3 +194,52 @@ def test_carrot_errors(argv, words):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     for w in words:
         assert w in proc.stderr
+
+
+def _usage_rows():
+    """``{'--flag': default text}`` from the flag tables of docs/USAGE.md (rows ``| `--a`, `--b` | d1, d2 | ...``)."""
+    import re
+    rows = {}
+    for line in open(os.path.join(ROOT, 'docs', 'USAGE.md')):
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        if line.startswith('| `--') and len(cells) >= 3:
+            flags = re.findall(r'`(--\w+)`', cells[0])
+            defaults = [d.strip() for d in cells[1].split(',')] if len(flags) > 1 else [cells[1]]
+            for i, flag in enumerate(flags):
+                rows[flag] = defaults[i] if len(defaults) == len(flags) else cells[1]
+    return rows
+
+
+def _same_default(text, value):
+    text = text.strip('` ')
+    if value is None or value is False or value == '':
+        return text in ('', 'off') or value is None     # None: a default that depends on other flags, in words
+    if isinstance(value, (list, tuple)):
+        return text == ','.join(map(str, value))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return text == str(value)
+
+
+def test_usage_flag_table_matches_the_parsers():
+    """docs/USAGE.md lists every flag of the three scripts, each with the parser's default (per script
+    ``supcon / ce / linear`` where they differ): the table cannot drift from the declarations."""
+    from methods import method_flags
+    from options import build_parser
+    rows = _usage_rows()
+    method_defaults = {flag: kwargs.get('default') for flag, (kwargs, _) in method_flags().items()}
+    for script in ('supcon', 'ce', 'linear'):
+        for action in build_parser(script)._actions:
+            for flag in action.option_strings:
+                if flag in ('-h', '--help'):
+                    continue
+                assert flag in rows, f'{flag} ({script}) is missing from the flag tables of docs/USAGE.md'
+                default = method_defaults.get(flag, action.default)
+                text = rows[flag]
+                if ' / ' in text:     # per script
+                    text = text.split(' / ')[('supcon', 'ce', 'linear').index(script)]
+                assert _same_default(text, default), f'{flag} ({script}): docs/USAGE.md says {rows[flag]!r}, ' \
+                                                     f'the parser {default!r}'

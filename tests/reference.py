@@ -1,0 +1,198 @@
+"""The test oracles: every loss written as a plain per-row (per-pair) loop from its equation in docs/ or its
+paper, with no vectorization to share bugs with the code under test; and one value-and-gradient check.
+
+- :func:`contrastive`: SupCon / SimCLR's L_out (SupContrast semantics: labels, an explicit mask, or the other
+  views of the same sample; contrast modes all/one), with a memory queue (docs/QUEUE.md) and with any weights
+  over an anchor's positives (RASCAL).
+- :func:`rascal_weights` and :func:`frac_rank_desc`: RASCAL's weightings (docs/RASCAL.md); :func:`rascal`: the
+  loss and its cache update.
+- :func:`ntlogistic`, :func:`triplet`: SimCLR's other two losses; :func:`carrot`: CARROT's regularizer
+  (docs/CARROT.md).
+- :func:`assert_value_and_grad_close`: a loss against its oracle, in value and gradient.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def assert_value_and_grad_close(fn, reference, inputs, rtol=1e-5, atol=1e-8):
+    """``fn(x)`` and ``reference(x)`` (scalars) agree in value and in gradient w.r.t. ``inputs``; both finite.
+    Returns ``fn``'s value."""
+    x1, x2 = inputs.clone().requires_grad_(True), inputs.clone().requires_grad_(True)
+    got, want = fn(x1), reference(x2)
+    assert torch.isfinite(got)
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=rtol, atol=atol)
+    got.backward()
+    want.backward()
+    assert torch.isfinite(x1.grad).all()
+    torch.testing.assert_close(x1.grad, x2.grad.to(x1.grad.dtype), rtol=rtol, atol=atol)
+    return got
+
+
+# ---------------------------------------------------------------- L_out, one anchor at a time
+def contrastive(features, labels=None, mask=None, queue=None, temperature=0.07, base_temperature=0.07, mode='all',
+                weights=None, normalize=False):
+    """``features`` ``[B, V, ...]``; rows are view-major (row ``v*B + b``). For each anchor, the contrast set is
+    every other row and every valid entry of ``queue`` (a ``memory_queue.QueueView``). Positives: rows of the same
+    label (``labels``), rows weighted by ``mask[i, j]`` (``mask``), or the other views of the same sample
+    (neither); a queue entry is a positive when its label equals the anchor's (never without labels).
+    ``weights(r, P, rows, vec)`` gives the weights over the positives ``P`` (columns ``('row', c)`` or
+    ``('queue', j)``; ``vec(col)`` their vectors); default: the positives' mask weights normalized to sum 1
+    (uniform with labels). ``mode='one'``: only view 0's rows are anchors. ``normalize``: L2-normalize the rows
+    first (RASCAL does; SupConLoss takes them as given). An anchor without a positive adds 0 and still counts
+    in the mean; an anchor with nothing to contrast is skipped."""
+    bsz, n_views = features.shape[:2]
+    f = features.reshape(bsz, n_views, -1)
+    if normalize:
+        f = F.normalize(f, dim=-1)
+    rows = [f[b, v] for v in range(n_views) for b in range(bsz)]
+    sample = [b for v in range(n_views) for b in range(bsz)]
+    cols = [('row', c) for c in range(len(rows))]
+    if queue is not None:
+        cols += [('queue', j) for j in range(queue.feat.shape[0]) if bool(queue.valid[j])]
+
+    def vec(col):
+        return rows[col[1]] if col[0] == 'row' else queue.feat[col[1]].to(features.dtype)
+
+    def raw_weight(r, col):
+        if col[0] == 'queue':
+            return float(labels is not None and int(queue.label[col[1]]) == int(labels[sample[r]]))
+        i, j = sample[r], sample[col[1]]
+        if labels is not None:
+            return float(labels[i] == labels[j])
+        if mask is not None:
+            return float(mask[i, j])
+        return float(i == j)
+
+    anchors = range(len(rows)) if mode == 'all' else range(bsz)
+    total = features.sum() * 0.0          # keeps the graph when no anchor has a positive
+    for r in anchors:
+        others = [c for c in cols if c != ('row', r)]
+        if not others:
+            continue
+        log_denom = torch.logsumexp(torch.stack([rows[r] @ vec(c) / temperature for c in others]), 0)
+        raw = [(c, raw_weight(r, c)) for c in others]
+        P = [c for c, w in raw if w]
+        if not P:
+            continue
+        W = weights(r, P, rows, vec) if weights else [w / sum(w for _, w in raw) for _, w in raw if w]
+        total = total + sum(w * (rows[r] @ vec(c) / temperature - log_denom) for c, w in zip(P, W))
+    return -(temperature / base_temperature) * total / len(anchors)
+
+
+# ---------------------------------------------------------------- RASCAL (docs/RASCAL.md)
+def frac_rank_desc(values):
+    """Rank 0 = largest; ties share the mean of the positions they span."""
+    return [sum(y > x for y in values) + (sum(y == x for y in values) - 1) / 2 for x in values]
+
+
+def rascal_weights(weighting, cache_feat, cache_valid, sample_idx, queue=None):
+    """``weights(r, P, rows, vec)`` for :func:`contrastive`: RASCAL's ``agreement`` / ``current`` / ``uniform``
+    weights over the positives ``P`` of row ``r``. A row's dataset id is ``sample_idx[r % B]``, a queue entry's is
+    its ``queue.idx``; ranks by the current similarities and by the cached ones; agreement falls back to uniform
+    when a cache entry is missing or every weight is 0."""
+    bsz = len(sample_idx)
+
+    def sid(col):
+        return int(sample_idx[col[1] % bsz]) if col[0] == 'row' else int(queue.idx[col[1]])
+
+    def weights(r, P, rows, vec):
+        m = len(P)
+        uniform = [1.0 / m] * m
+        if weighting == 'uniform':
+            return uniform
+        rank_cur = frac_rank_desc([float(rows[r].detach() @ vec(c).detach()) for c in P])
+        if weighting == 'current':
+            w = [1 - x / (m - 1) if m > 1 else 1.0 for x in rank_cur]
+            return [x / sum(w) for x in w]
+        anchor, ids = sid(('row', r)), [sid(c) for c in P]
+        if not bool(cache_valid[anchor]) or not all(bool(cache_valid[i]) for i in ids):
+            return uniform
+        rank_old = frac_rank_desc([float(cache_feat[anchor] @ cache_feat[i]) for i in ids])
+        w = [max(0.0, 1 - (abs(a - b) / (m - 1) if m > 1 else 0.0)) for a, b in zip(rank_cur, rank_old)]
+        return [x / sum(w) for x in w] if sum(w) > 1e-12 else uniform
+    return weights
+
+
+def rascal(features, labels, sample_idx, cache_feat, cache_valid, tau=0.1, tau_base=0.07, weighting='agreement',
+           queue=None):
+    """RASCAL's loss and its cache after the step: ``(loss, cache_feat, cache_valid)``. The cache entry of each
+    id in the batch becomes the normalized mean of its samples' normalized view means."""
+    loss = contrastive(features, labels, queue=queue, temperature=tau, base_temperature=tau_base, normalize=True,
+                       weights=rascal_weights(weighting, cache_feat, cache_valid, sample_idx, queue))
+    bsz, n_views = features.shape[:2]
+    z = F.normalize(features.reshape(bsz, n_views, -1), dim=-1)
+    new_feat, new_valid = cache_feat.clone(), cache_valid.clone()
+    for i in set(int(s) for s in sample_idx):
+        occ = [b for b in range(bsz) if int(sample_idx[b]) == i]
+        new_feat[i] = F.normalize(sum(z[b].detach().mean(0) for b in occ) / len(occ), dim=0)
+        new_valid[i] = True
+    return loss, new_feat, new_valid
+
+
+# ---------------------------------------------------------------- SimCLR's loss family (Chen et al. 2020, Table 2)
+def _rows(features, labels=None):
+    """(rows, is_positive(i, j)) with view-major rows, one pair at a time."""
+    bsz, n_views = features.shape[:2]
+    rows = [features[b, v].reshape(-1) for v in range(n_views) for b in range(bsz)]
+    sample = [b for v in range(n_views) for b in range(bsz)]
+    if labels is None:
+        return rows, lambda i, j: sample[i] == sample[j]
+    return rows, lambda i, j: bool(labels[sample[i]] == labels[sample[j]])
+
+
+def ntlogistic(features, labels=None, temperature=0.5):
+    """Per anchor: ``-mean_P log sigmoid(s/t) - mean_N log sigmoid(-s/t)``; mean over anchors."""
+    rows, same = _rows(features, labels)
+    total = features.sum() * 0.0
+    for i in range(len(rows)):
+        pos, neg = [], []
+        for j in range(len(rows)):
+            if j == i:
+                continue
+            s = rows[i] @ rows[j] / temperature
+            if same(i, j):
+                pos.append(math.log(1.0) - torch.log1p(torch.exp(-s)))      # log sigmoid(s)
+            else:
+                neg.append(-torch.log1p(torch.exp(s)))                       # log sigmoid(-s)
+        if pos:
+            total = total - sum(pos) / len(pos)
+        if neg:
+            total = total - sum(neg) / len(neg)
+    return total / len(rows)
+
+
+def triplet(features, labels=None, margin=1.0):
+    """Per anchor: ``mean_P mean_N max(s_in - s_ip + m, 0)`` (0 without a positive or a negative)."""
+    rows, same = _rows(features, labels)
+    total = features.sum() * 0.0
+    for i in range(len(rows)):
+        pos = [j for j in range(len(rows)) if j != i and same(i, j)]
+        neg = [k for k in range(len(rows)) if k != i and not same(i, k)]
+        if not pos or not neg:
+            continue
+        per_pos = []
+        for p in pos:
+            hinges = [F.relu(rows[i] @ rows[n] - rows[i] @ rows[p] + margin) for n in neg]  # relu: 0 slope at 0
+            per_pos.append(sum(hinges) / len(neg))
+        total = total + sum(per_pos) / len(pos)
+    return total / len(rows)
+
+
+# ---------------------------------------------------------------- CARROT (docs/CARROT.md)
+def carrot(h, y, q_hi=0.9, q_lo=0.1):
+    """Loops over ordered pairs; torch.quantile for the walls. Returns (reg, L, U) or (0, None, None)."""
+    z = F.normalize(h.double(), dim=1)
+    S = (z @ z.T).clamp(-1, 1)
+    n = len(y)
+    negs = [S[i, j].detach() for i in range(n) for j in range(n) if y[i] != y[j]]
+    pos = [(i, j) for i in range(n) for j in range(n) if i != j and y[i] == y[j]]
+    if not negs or not pos:
+        return h.sum() * 0.0, None, None
+    negs = torch.stack(negs)
+    hi, lo = torch.quantile(negs, q_hi), torch.quantile(negs, q_lo)
+    L = hi
+    U = min(max(1 - max(hi - lo, 0), L + 1e-3), 0.999)
+    terms = [F.relu(L - S[i, j]) ** 2 + F.relu(S[i, j] - U) ** 2 for i, j in pos]
+    return torch.stack(terms).mean(), float(L), float(U)
