@@ -222,7 +222,7 @@ class NTLogisticLoss(Loss):
     a mask, also the same-class samples' views); ``N(i)``: every other row but ``i``. Averaging
     each side separately gives positives and negatives equal total weight: with one positive
     against 2(N-1) negatives the plain sum over all pairs trains badly (background document
-    README, "The SimCLR loss family"; its corrected loss is exactly this one for V = 2). A side that is empty for
+    docs/USAGE.md, "The SimCLR loss family"; its corrected loss is exactly this one for V = 2). A side that is empty for
     an anchor (no positive, or no negative) contributes 0.
 
     Args:
@@ -257,7 +257,7 @@ class MarginalTripletLoss(Loss):
         L       = mean_i 1/|P(i)| sum_{p in P(i)} l(i, p)
 
     ``P(i)``, ``N(i)`` as in ``NTLogisticLoss``. For V = 2 without labels this is the background
-    document's loss (README, "The SimCLR loss family"): each anchor's one positive is reused against its 2(N-1)
+    document's loss (docs/USAGE.md, "The SimCLR loss family"): each anchor's one positive is reused against its 2(N-1)
     negatives. An anchor without a positive or without a negative contributes 0.
 
     The inner sums are not built as an ``[M, M, M]`` tensor: per anchor the negatives'

@@ -7,7 +7,7 @@ loss itself: its statistics from ``last_stats`` / ``last_hists``, and its state 
 ``state_dict()`` (persistent buffers, such as RASCAL's cache), which travels in checkpoints whenever
 it is not empty. ``main_supcon.py`` never branches on a method's name.
 
-Adding a method (README, "Adding a method")::
+Adding a method (docs/DEVELOPING.md, "Adding a method")::
 
     from methods import Method, register
     register(Method('MyLoss', build=lambda opt, num_samples: MyLoss(opt.temp),

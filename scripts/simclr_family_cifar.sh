@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The SimCLR loss comparison of the background document (README, "The SimCLR loss family") on CIFAR-10: ResNet-50 (CIFAR stem),
+# The SimCLR loss comparison of the background document (docs/USAGE.md, "The SimCLR loss family") on CIFAR-10: ResNet-50 (CIFAR stem),
 # feature dim 128, batch 128, 100 epochs; NT-Xent and NT-Logistic at temperature 0.5, Marginal Triplet
-# at margin 1. Then linear evaluation of each. Their figures: 83.87 / 80.94 / 81.00 % (see README).
+# at margin 1. Then linear evaluation of each. Their figures: 83.87 / 80.94 / 81.00 % (see docs/USAGE.md).
 # Their optimizer was Adam (sthalles/SimCLR); here it is SupContrast's SGD with a cosine schedule.
 #   bash scripts/simclr_family_cifar.sh [more main_supcon.py flags]
 set -euo pipefail
