@@ -6,7 +6,6 @@
 - :func:`linear_probe`: multinomial logistic regression on unit features, fitted to convergence (L-BFGS).
 - :func:`within_superclass_accuracy`: fine-label weighted kNN restricted to each test image's own superclass.
 """
-import numpy as np
 import torch
 import torch.nn.functional as F
 

@@ -10,6 +10,11 @@ if ROOT not in sys.path:
 from helpers import FAST, only_run_folder, run_script  # noqa: E402  (needs ROOT on the path)
 
 
+# Under pytest-xdist (scripts/test.sh runs ``-n auto --dist loadgroup``) each worker has its own session: the tests
+# that read one of the runs below carry ``@pytest.mark.xdist_group(<run>)`` ('tiny', 'coarse', or a SHARED_RUNS
+# name), so each run is trained by one worker only.
+
+
 @pytest.fixture(scope='session')
 def tiny_ckpt(tmp_path_factory):
     """A one-epoch SupCon run on digits: its last.pth."""
@@ -27,3 +32,33 @@ def coarse_rascal_run(tmp_path_factory):
                '--knn_k', 50, '--knn_t', 0.2, '--knn_shots', 5,
                '--epochs', 2, '--save_folder', root, *FAST)
     return only_run_folder(root)
+
+
+# Digits runs that several end-to-end tests read (each trains once per session, on first use):
+# name -> (script, flags). Every one is 2 epochs; tests/test_resume.py checks that 1 epoch + --resume
+# reaches each of them bit for bit, and other tests read their metrics, checkpoints and outputs.
+CHUNKED = ['--chunk_size', 24, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000]   # 24 does not divide 64
+QUEUED = ['--queue_size', 256, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000]
+SHARED_RUNS = {
+    'supcon': ('main_supcon.py', ['--seed', 5, *FAST, '--batch_size', 64]),       # batch 64: epochs long enough
+    'rascal': ('main_supcon.py', ['--method', 'RASCAL', *FAST]),                    # to interrupt one midway
+    'chunked': ('main_supcon.py', CHUNKED),
+    'queue': ('main_supcon.py', ['--moco_m', 0.99, '--shuffle_bn_splits', 4, *QUEUED]),
+    'devaug': ('main_supcon.py', ['--augment', 'device', *FAST]),
+    'ce': ('main_ce.py', ['--amp', 'fp16', *FAST]),
+}
+
+
+@pytest.fixture(scope='session')
+def shared_run(tmp_path_factory):
+    """``shared_run(name) -> (run folder, the finished process)``: the 2-epoch run ``SHARED_RUNS[name]``."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            script, flags = SHARED_RUNS[name]
+            root = tmp_path_factory.mktemp(f'run_{name}')
+            proc = run_script(script, *flags, '--epochs', 2, '--save_folder', root)
+            done[name] = (only_run_folder(root), proc)
+        return done[name]
+    return get

@@ -1,8 +1,10 @@
 """Helpers for the end-to-end tests: run the real scripts, build small fake datasets."""
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
@@ -12,14 +14,75 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ['--num_workers', '0', '--batch_size', '128', '--print_freq', '1000']
 
 
+def script_env(**extra):
+    """The environment every subprocess of the suite runs in. One thread per script under pytest-xdist (the
+    workers share the cores), two otherwise; the same for every run of a test, since a different thread
+    count may round a convolution differently (the resume tests compare runs bit for bit)."""
+    threads = '1' if 'PYTEST_XDIST_WORKER' in os.environ else '2'
+    return {**os.environ, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', threads),
+            **extra}
+
+
 def run_script(script, *args, check=True, timeout=600):
     """Run ``python <script> args`` in the repo root; returns the CompletedProcess."""
-    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '2'))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout, env=script_env())
     if check and proc.returncode != 0:
         raise AssertionError(f'{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
     return proc
+
+
+def run_in_process(script, *args):
+    """Run ``script`` as ``python <script> args`` would, but in this process (``runpy``, as ``__main__``), for the
+    error paths that stop before training: no interpreter start, no torch import. Returns an object with
+    ``returncode``, ``stdout`` and ``stderr`` like :func:`run_script`'s. The working directory, ``sys.argv``,
+    the SIGTERM handler and the global RNG states are restored afterwards; an exception that the script does
+    not turn into a one-line error propagates (the test fails, as a traceback would)."""
+    import contextlib
+    import io
+    import random
+    import runpy
+    import signal
+    from types import SimpleNamespace
+    saved = (os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM), random.getstate(), np.random.get_state(),
+             torch.get_rng_state())
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        os.chdir(ROOT)
+        sys.argv = [os.path.join(ROOT, script), *map(str, args)]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(sys.argv[0], run_name='__main__')
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(saved[0])
+        sys.argv = saved[1]
+        signal.signal(signal.SIGTERM, saved[2])
+        random.setstate(saved[3])
+        np.random.set_state(saved[4])
+        torch.set_rng_state(saved[5])
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def signal_after_first_checkpoint(script, args, folder, signum, delay):
+    """Start ``script args``, send ``signum`` ``delay`` seconds after the first ``last.pth`` appears under
+    ``folder``; returns (finished process, that last.pth or None, stderr). The child gets SIGINT back, as a
+    terminal's foreground job has it (a shell's background job, as in CI, inherits it ignored)."""
+    cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline, last = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:
+        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(folder) if 'last.pth' in fs]
+        if found:
+            time.sleep(delay)
+            last = found[0]
+            proc.send_signal(signum)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=120)
+    return proc, last, err
 
 
 def only_run_folder(root):

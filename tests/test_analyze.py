@@ -22,6 +22,7 @@ def test_kappa_hat_recovers_a_known_concentration(kappa, dim):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('coarse')
 def test_analyze_writes_plots_and_summary(coarse_rascal_run, tmp_path):
     out = run_script('analyze.py', '--ckpt', os.path.join(coarse_rascal_run, 'last.pth'), '--out', tmp_path / 'a',
                      '--max_points', 200)

@@ -247,19 +247,16 @@ DEVICE = ['--augment', 'device', '--num_workers', 0, '--batch_size', 128, '--pri
 
 
 @pytest.mark.slow
-def test_device_augmented_supcon_resumes_exactly_then_linear(tmp_path):
-    from helpers import load, only_run_folder, run_script
-    run_script('main_supcon.py', '--epochs', 2, '--save_folder', tmp_path / 'a', *DEVICE)
-    ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))
-    assert ref['config']['augment'] == 'device' and '_devaug' in only_run_folder(tmp_path / 'a')
+@pytest.mark.xdist_group('devaug')
+def test_device_augmented_supcon_then_linear(shared_run, tmp_path):
+    """The shared --augment device run (its exact resume: tests/test_resume.py), then linear evaluation with
+    the device pipeline."""
+    from helpers import load, run_script
+    run, _ = shared_run('devaug')
+    ref = load(os.path.join(run, 'last.pth'))
+    assert ref['config']['augment'] == 'device' and '_devaug' in run
     assert 'augment' in ref['rng']['generators']
-    run_script('main_supcon.py', '--epochs', 1, '--save_folder', tmp_path / 'b', *DEVICE)
-    last = os.path.join(only_run_folder(tmp_path / 'b'), 'last.pth')
-    run_script('main_supcon.py', '--epochs', 2, '--resume', last, *DEVICE)
-    resumed = load(last)['model']
-    for key, value in ref['model'].items():
-        assert torch.equal(resumed[key], value), key
-    out = run_script('main_linear.py', '--ckpt', last, '--epochs', 1, '--learning_rate', 1,
+    out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--learning_rate', 1,
                      '--save_folder', tmp_path / 'lin', *DEVICE)
     assert 'final test top-1' in out.stdout
 

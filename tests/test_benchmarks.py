@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, script_env
 
 pytestmark = pytest.mark.slow
 
@@ -15,12 +15,13 @@ RUNS = {
     'rascal_overhead': ['--reps', '1'],
     'chunk_memory': ['--model', 'resnet_tiny', '--size', '8', '--batches', '8,16', '--chunk', '4', '--steps', '1'],
     'train_throughput': ['--models', 'resnet_tiny', '--batch_size', '8', '--steps', '1'],
+    'queue_overhead': ['--size', '8', '--batch', '16', '--queue', '64', '--reps', '1'],
 }
 
 
 @pytest.mark.parametrize('name', sorted(RUNS))
 def test_benchmark_runs(name):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', f'{name}.py'), *RUNS[name]], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=script_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip()

@@ -2,6 +2,7 @@
 the real scripts: resume that refuses contradictions, run folders, interrupts, failing checkpoint writes."""
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import FAST, ROOT, assert_one_line_error, load, only_run_folder, run_script
+from helpers import (FAST, ROOT, assert_one_line_error, load, only_run_folder, run_in_process, run_script,
+                     script_env, signal_after_first_checkpoint)
 
 
 def test_evaluate_shot_groups_and_per_class_accuracy():
@@ -34,81 +36,51 @@ def _digest(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def copy_of(run, save_folder):
+    """A copy of the run folder ``run`` at the same place under ``save_folder``: a run these tests may change."""
+    kind_dataset_name = os.path.join(*run.split(os.sep)[-3:])
+    target = os.path.join(save_folder, kind_dataset_name)
+    shutil.copytree(run, target)
+    return target
+
+
 @pytest.mark.slow
-def test_contradicting_resume_is_refused_and_leaves_the_run_untouched(tmp_path):
-    run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 1, '--save_folder', tmp_path, *FAST)
-    last = os.path.join(only_run_folder(tmp_path), 'last.pth')
+@pytest.mark.xdist_group('rascal')
+def test_contradicting_resume_is_refused_and_leaves_the_run_untouched(shared_run, tmp_path):
+    last = os.path.join(copy_of(shared_run('rascal')[0], tmp_path), 'last.pth')
     before = _digest(last)
-    proc = run_script('main_supcon.py', '--method', 'SupCon', '--temp', 0.1, '--epochs', 2, '--resume', last,
-                      *FAST, check=False)
+    proc = run_in_process('main_supcon.py', '--method', 'SupCon', '--temp', 0.1, '--epochs', 3, '--resume', last,
+                          *FAST)
     assert_one_line_error(proc, '--method', "'RASCAL', now 'SupCon'", '--temp', '0.07', '0.1')
     assert _digest(last) == before and sorted(os.listdir(os.path.dirname(last))).count('last.pth') == 1
     # flags that do not change the experiment may differ: a longer --epochs extends the run
-    out = run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 2, '--resume', last, '--print_freq', 5,
+    out = run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 3, '--resume', last, '--print_freq', 5,
                      '--save_freq', 7, '--num_workers', 0, '--batch_size', 128)
-    assert f'run folder: {os.path.dirname(last)}' in out.stdout and load(last)['epoch'] == 2
+    assert f'run folder: {os.path.dirname(last)}' in out.stdout and load(last)['epoch'] == 3
 
 
 @pytest.mark.slow
-def test_a_new_run_never_overwrites_an_existing_one(tmp_path):
-    run_script('main_ce.py', '--epochs', 1, '--save_folder', tmp_path, *FAST)
-    last = os.path.join(only_run_folder(tmp_path), 'last.pth')
+@pytest.mark.xdist_group('ce')
+def test_a_new_run_never_overwrites_an_existing_one(shared_run, tmp_path):
+    from conftest import SHARED_RUNS
+    script, flags = SHARED_RUNS['ce']
+    last = os.path.join(copy_of(shared_run('ce')[0], tmp_path), 'last.pth')
     before = _digest(last)
-    proc = run_script('main_ce.py', '--epochs', 1, '--save_folder', tmp_path, *FAST, check=False)
+    proc = run_in_process(script, *flags, '--epochs', 2, '--save_folder', tmp_path)     # the same command again
     assert_one_line_error(proc, 'already holds a run', '--resume', '--trial')
     assert _digest(last) == before
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('folder', ['/proc/no_such_dir/runs', 'FILE'])
 def test_unwritable_save_folder_fails_before_any_data(tmp_path, folder):
     if folder == 'FILE':
         folder = tmp_path / 'a_file'
         folder.write_text('not a folder')
     start = time.time()
-    proc = run_script('main_supcon.py', '--save_folder', folder, '--dataset', 'cifar10', '--data_folder',
-                      tmp_path / 'none', check=False)     # CIFAR is absent: the folder must be checked first
+    proc = run_in_process('main_supcon.py', '--save_folder', folder, '--dataset', 'cifar10', '--data_folder',
+                          tmp_path / 'none')     # CIFAR is absent: the folder must be checked first
     assert_one_line_error(proc, 'run folder', str(folder), '--save_folder')
     assert time.time() - start < 60
-
-
-def signal_after_first_checkpoint(script, args, folder, signum, delay):
-    """Start ``script args``, send ``signum`` ``delay`` seconds after the first ``last.pth`` appears under
-    ``folder``; returns (finished process, that last.pth or None, stderr). The child gets SIGINT back, as a
-    terminal's foreground job has it (a shell's background job, as in CI, inherits it ignored)."""
-    cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline, last = time.time() + 300, None
-    while time.time() < deadline and proc.poll() is None:
-        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(folder) if 'last.pth' in fs]
-        if found:
-            time.sleep(delay)
-            last = found[0]
-            proc.send_signal(signum)
-            break
-        time.sleep(0.02)
-    _, err = proc.communicate(timeout=120)
-    return proc, last, err
-
-
-@pytest.mark.slow
-def test_sigint_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
-    args = ['--epochs', 3, '--seed', 5, *FAST, '--batch_size', 64]
-    run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'a')
-    ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))['model']
-
-    # epoch 1 is saved: interrupt epoch 2 in the middle
-    proc, last, err = signal_after_first_checkpoint('main_supcon.py', [*args, '--save_folder', tmp_path / 'b'],
-                                                    tmp_path / 'b', signal.SIGINT, delay=1.0)
-    assert last is not None and proc.returncode == 130, err
-    assert err.strip().splitlines() == [f'main_supcon.py: interrupted; the last complete checkpoint is intact: '
-                                        f'continue with --resume {last}']
-    assert load(last)['epoch'] == 1 and not [f for f in os.listdir(os.path.dirname(last)) if f.startswith('.tmp')]
-    run_script('main_supcon.py', *args, '--resume', last)
-    resumed = load(last)['model']
-    for key in ref:
-        assert torch.equal(resumed[key], ref[key]), key
 
 
 DISK_FULL_FROM = '''
@@ -133,13 +105,13 @@ def run_with_full_disk(from_save, tmp_path, epochs=3):
     return subprocess.run([sys.executable, '-c', DISK_FULL_FROM,
                            *map(str, ['--epochs', epochs, *FAST, '--save_folder', tmp_path])],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=ROOT, DISK_FULL_FROM=str(from_save)))
+                          env=script_env(PYTHONPATH=ROOT, DISK_FULL_FROM=str(from_save)))
 
 
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
 @pytest.mark.slow
 def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
-    proc = run_with_full_disk(2, tmp_path)             # epoch 1 saved, epoch 2's last.pth hits a full disk
+    proc = run_with_full_disk(2, tmp_path, epochs=2)   # epoch 1 saved, epoch 2's last.pth hits a full disk
     assert_one_line_error(proc, 'cannot write checkpoint', 'No space left on device', 'MB free',
                           'previous one is intact')
     run = only_run_folder(tmp_path)

@@ -28,6 +28,7 @@ def test_knn_predict_matches_brute_force():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('coarse')
 def test_knn_monitor_and_coarse_to_fine_linear(coarse_rascal_run, tmp_path):
     rows = read_metrics(coarse_rascal_run)
     assert all(10 < float(r['knn/acc']) <= 100 and float(r['knn/acc_fine']) > 10 for r in rows)

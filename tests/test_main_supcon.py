@@ -1,24 +1,21 @@
-"""main_supcon.py end to end on the bundled digits: every method, the SimCLR loss family, CARROT,
-linear evaluation of the result, and exact resume."""
+"""main_supcon.py end to end on the bundled digits: every method, the SimCLR loss family, CARROT, gradient
+caching, the queue, and linear evaluation of the result (exact resume: tests/test_resume.py). Runs that several
+tests read are trained once per session (``shared_run``, tests/conftest.py)."""
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
-import torch
 
-from helpers import FAST, ROOT, load, only_run_folder, read_metrics, run_script
+from conftest import CHUNKED, QUEUED
+from helpers import FAST, load, only_run_folder, read_metrics, run_in_process, run_script
 
 pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
 
 
-def test_supcon_then_linear_on_digits(tmp_path):
-    run_script('main_supcon.py', '--epochs', 2, '--save_folder', tmp_path / 'pre', *FAST)
-    run = only_run_folder(tmp_path / 'pre')
-    assert os.path.basename(run).startswith('SupCon_digits_resnet_tiny_lr_0.05_decay_0.0001_bsz_128_temp_0.07')
+@pytest.mark.xdist_group('supcon')
+def test_supcon_then_linear_on_digits(shared_run, tmp_path):
+    run, _ = shared_run('supcon')
+    assert os.path.basename(run).startswith('SupCon_digits_resnet_tiny_lr_0.05_decay_0.0001_bsz_64_temp_0.07')
     rows = read_metrics(run)
     assert [r['epoch'] for r in rows] == ['1', '2'] and float(rows[0]['train/loss']) > 0
     assert any(f.startswith('events') for f in os.listdir(os.path.join(run, 'tensorboard')))
@@ -34,6 +31,23 @@ def test_supcon_then_linear_on_digits(tmp_path):
     assert {'test/acc', 'test/nll', 'train/acc', 'train/loss'} <= set(read_metrics(lin)[0])
 
 
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.xdist_group(n)) for n in ('rascal', 'chunked', 'queue')])
+def test_linear_reads_the_checkpoints_of_every_mode(shared_run, name):
+    """main_linear.py's loading of a checkpoint that carries RASCAL's cache, was trained in chunks, or carries a
+    queue and a key encoder: the encoder comes back equal to the checkpoint's (what follows the loading is the
+    same for every checkpoint and runs end to end in test_supcon_then_linear_on_digits)."""
+    import torch
+    from checkpoint import load_encoder
+    from options import parse_option
+    last = os.path.join(shared_run(name)[0], 'last.pth')
+    opt = parse_option('linear', ['--ckpt', last])
+    opt.device = torch.device('cpu')
+    encoder = load_encoder(opt, 'resnet50')
+    saved = {k[len('encoder.'):]: v for k, v in load(last)['model'].items() if k.startswith('encoder.')}
+    assert opt.model == 'resnet_tiny' and encoder.state_dict().keys() == saved.keys()
+    assert all(torch.equal(encoder.state_dict()[k], v) for k, v in saved.items())
+
+
 def test_simclr_bf16_channels_last_linear_head(tmp_path):
     run_script('main_supcon.py', '--method', 'SimCLR', '--epochs', 1, '--amp', 'bf16', '--channels_last',
                '--temp', 0.5, '--head', 'linear', '--feat_dim', 32, '--save_freq', 1, '--trial', 7, '--cosine',
@@ -44,105 +58,56 @@ def test_simclr_bf16_channels_last_linear_head(tmp_path):
     assert load(os.path.join(run, 'last.pth'))['model']['head.weight'].shape == (32, 128)
 
 
-def _weights(path):
-    return load(path)['model']
-
-
-def test_kill_and_resume_equals_uninterrupted(tmp_path):
-    args = ['--epochs', 3, '--seed', 3, *FAST]
-    run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'a')
-    ref = _weights(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))
-
-    # Kill a second run with SIGKILL as soon as its first checkpoint exists, then resume it.
-    cmd = [sys.executable, os.path.join(ROOT, 'main_supcon.py'), *map(str, args), '--save_folder', str(tmp_path / 'b')]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    last = None
-    while time.time() < deadline and proc.poll() is None:
-        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path / 'b') if 'last.pth' in fs]
-        if found:
-            last = found[0]
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    proc.wait()
-    assert last is not None and proc.returncode == -signal.SIGKILL, 'the run finished before it could be killed'
-    killed_at = load(last)['epoch']
-    assert killed_at < 3
-    out = run_script('main_supcon.py', *args, '--resume', last)
-    assert f'resumed from {last} at epoch {killed_at}' in out.stdout
-    resumed = _weights(last)
-    assert resumed.keys() == ref.keys()
-    for key in ref:
-        assert torch.equal(resumed[key], ref[key]), key
-    rows = read_metrics(os.path.dirname(last))
-    assert [r['epoch'] for r in rows] == ['1', '2', '3']
-
-
 RASCAL_STATS = ['avg_pos_per_anchor', 'cache_hit_rate', 'ranked_row_rate', 'rank_drift_mean', 'rank_drift_std',
          'w_entropy']
 
 
-def test_rascal_two_epochs_linear_and_resume(tmp_path):
-    run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 2, '--save_folder', tmp_path / 'a', *FAST)
-    run = only_run_folder(tmp_path / 'a')
+@pytest.mark.xdist_group('rascal')
+def test_rascal_statistics_and_cache(shared_run):
+    run, _ = shared_run('rascal')
     rows = read_metrics(run)
     for s in RASCAL_STATS:
         assert f'train/rascal/{s}' in rows[0]
     assert float(rows[0]['train/rascal/cache_hit_rate']) == 0.0
     assert float(rows[1]['train/rascal/cache_hit_rate']) == 1.0
     assert float(rows[1]['train/rascal/ranked_row_rate']) > 0.5
-    ckpt = load(os.path.join(run, 'last.pth'))
-    cache = ckpt['extra']['criterion']
+    cache = load(os.path.join(run, 'last.pth'))['extra']['criterion']
     assert cache['cache_feat'].shape == (1437, 128) and bool(cache['cache_valid'].all())
-    events = os.listdir(os.path.join(run, 'tensorboard'))
-    assert events
-
-    out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1,
-                     '--save_folder', tmp_path / 'lin', *FAST)
-    assert 'final test top-1' in out.stdout
-
-    # 1 epoch, then resume to 2: the cache comes back and the result equals the uninterrupted run
-    run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 1, '--save_folder', tmp_path / 'b', *FAST)
-    last = os.path.join(only_run_folder(tmp_path / 'b'), 'last.pth')
-    run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 2, '--resume', last, *FAST)
-    assert float(read_metrics(os.path.dirname(last))[1]['train/rascal/cache_hit_rate']) == 1.0
-    resumed = load(last)
-    for key, value in ckpt['model'].items():
-        assert torch.equal(resumed['model'][key], value), key
-    assert torch.equal(resumed['extra']['criterion']['cache_feat'], cache['cache_feat'])
+    assert os.listdir(os.path.join(run, 'tensorboard'))
 
 
-@pytest.mark.parametrize('weighting', ['current', 'uniform'])
-def test_ablation_weightings_run(tmp_path, weighting):
-    run_script('main_supcon.py', '--method', 'RASCAL', '--rascal_weighting', weighting, '--epochs', 1,
-               '--save_folder', tmp_path, *FAST)
-    assert f'RASCAL-{weighting}_digits' in only_run_folder(tmp_path)
-
-
-def test_rascal_errors(tmp_path):
-    proc = run_script('main_supcon.py', '--rascal_weighting', 'current', check=False)
+@pytest.mark.xdist_group('rascal')
+def test_rascal_errors(shared_run):
+    proc = run_in_process('main_supcon.py', '--rascal_weighting', 'current')
     assert proc.returncode == 2 and '--method RASCAL' in proc.stderr
-    # resuming a RASCAL run on another dataset size: the cache does not fit
-    run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 1, '--save_folder', tmp_path, *FAST)
-    last = os.path.join(only_run_folder(tmp_path), 'last.pth')
-    proc = run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 2, '--feat_dim', 64,
-                      '--resume', last, *FAST, check=False)
+    # resuming a RASCAL run with another head size: refused in one line, before anything is written
+    last = os.path.join(shared_run('rascal')[0], 'last.pth')
+    proc = run_in_process('main_supcon.py', '--method', 'RASCAL', '--epochs', 3, '--feat_dim', 64, '--resume', last,
+                          *FAST)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-@pytest.mark.parametrize('method,loss,extra,name', [
-    ('SimCLR', 'ntlogistic', ['--temp', '0.5'], 'SimCLR-ntlogistic_digits'),
-    ('SimCLR', 'margin_triplet', [], 'SimCLR-margin_triplet_digits'),
-    ('SupCon', 'margin_triplet', ['--margin', '0.5'], 'SupCon-margin_triplet_digits'),
-])
-def test_one_digits_epoch(tmp_path, method, loss, extra, name):
+FAMILY_RUNS = [
+    ('SimCLR', 'ntlogistic', ['--temp', '0.5'], 'SimCLR-ntlogistic_digits', '_temp_0.5_'),
+    ('SimCLR', 'margin_triplet', [], 'SimCLR-margin_triplet_digits', '_margin_1.0_'),
+    ('SupCon', 'margin_triplet', ['--margin', '0.5'], 'SupCon-margin_triplet_digits', '_margin_0.5_'),
+]
+
+
+def test_loss_family_run_names():
+    from options import parse_option
+    for method, loss, extra, name, scale in FAMILY_RUNS:
+        folder = parse_option('supcon', ['--method', method, '--simclr_loss', loss, *extra]).run_folder
+        assert name in folder and scale in folder, folder
+
+
+def test_one_digits_epoch_of_a_margin_loss(tmp_path):
+    """margin_triplet through the script (NT-Logistic trains in test_chunked_methods_train)."""
+    method, loss, extra, name, scale = FAMILY_RUNS[2]
     run_script('main_supcon.py', '--method', method, '--simclr_loss', loss, *extra, '--epochs', 1,
                '--save_folder', tmp_path, *FAST)
     run = only_run_folder(tmp_path)
-    assert name in run
-    scale = {'ntlogistic': '_temp_0.5_', 'margin_triplet': '_margin_0.5_' if extra else '_margin_1.0_'}[loss]
-    assert scale in run
+    assert name in run and scale in run
     assert float(read_metrics(run)[0]['train/loss']) > 0
 
 
@@ -152,7 +117,7 @@ CARROT_STATS = ['L', 'U', 'pos_mean', 'pos_max', 'frac_pos_above_U', 'frac_pos_b
 @pytest.mark.parametrize('method', ['SupCon', 'RASCAL'])
 def test_supcon_carrot_then_linear(tmp_path, method):
     extra = ['--carrot_on', 'head', '--carrot_alpha_max', 100] if method == 'RASCAL' else []
-    run_script('main_supcon.py', '--method', method, '--carrot', *extra, '--epochs', 2,
+    run_script('main_supcon.py', '--method', method, '--carrot', *extra, '--epochs', 1,
                '--save_folder', tmp_path / 'pre', *FAST)
     run = only_run_folder(tmp_path / 'pre')
     assert '_carrot' in os.path.basename(run)
@@ -162,6 +127,7 @@ def test_supcon_carrot_then_linear(tmp_path, method):
     assert float(rows[-1]['train/carrot/alpha']) >= 0 and 0 < float(rows[-1]['train/carrot/U']) <= 0.999
     if method == 'RASCAL':
         assert float(rows[-1]['train/carrot/alpha']) <= 100
+        return
     out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1,
                      '--save_folder', tmp_path / 'lin', *FAST)
     assert 'ECE' in out.stdout and 'NLL' in out.stdout
@@ -170,65 +136,37 @@ def test_supcon_carrot_then_linear(tmp_path, method):
 
 
 # ---------------------------------------------------------------- gradient caching end to end
-CHUNKED = ['--chunk_size', 24, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000]   # 24 does not divide 64
-
-
-def test_chunked_supcon_trains_resumes_exactly_and_evaluates(tmp_path):
-    run_script('main_supcon.py', '--epochs', 2, '--save_folder', tmp_path / 'a', *CHUNKED)
-    ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))['model']
-    run_script('main_supcon.py', '--epochs', 1, '--save_folder', tmp_path / 'b', *CHUNKED)
-    last = os.path.join(only_run_folder(tmp_path / 'b'), 'last.pth')
-    run_script('main_supcon.py', '--epochs', 2, '--resume', last, *CHUNKED)
-    resumed = load(last)['model']
-    for key in ref:
-        assert torch.equal(resumed[key], ref[key]), key
-    out = run_script('main_linear.py', '--ckpt', last, '--epochs', 1, '--save_folder', tmp_path / 'lin', *FAST)
-    assert 'final test top-1' in out.stdout
-
-
 @pytest.mark.parametrize('script,args', [
     ('main_supcon.py', ['--method', 'SimCLR', '--simclr_loss', 'ntlogistic', '--amp', 'bf16']),
-    ('main_supcon.py', ['--method', 'RASCAL', '--carrot']),
+    ('main_supcon.py', ['--method', 'RASCAL', '--rascal_weighting', 'current', '--carrot']),
     ('main_ce.py', ['--carrot', '--amp', 'fp16']),
 ])
 def test_chunked_methods_train(tmp_path, script, args):
     run_script(script, *args, '--epochs', 1, '--save_folder', tmp_path, *CHUNKED)
-    row = read_metrics(only_run_folder(tmp_path))[0]
+    run = only_run_folder(tmp_path)
+    assert 'RASCAL-current_digits' in run if 'RASCAL' in args else True
+    row = read_metrics(run)[0]
     assert float(row['train/loss']) > 0 and float(row['train/collapse/z_std_enc']) > 0
 
 
 # ---------------------------------------------------------------- the memory queue end to end
-QUEUED = ['--queue_size', 256, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000]
-
-
-def test_queue_trains_resumes_exactly_and_evaluates(tmp_path):
-    args = ['--moco_m', 0.99, '--shuffle_bn_splits', 4, *QUEUED]
-    run_script('main_supcon.py', '--epochs', 2, '--save_folder', tmp_path / 'a', *args)
-    ref = load(os.path.join(only_run_folder(tmp_path / 'a'), 'last.pth'))
-    run_script('main_supcon.py', '--epochs', 1, '--save_folder', tmp_path / 'b', *args)
-    last = os.path.join(only_run_folder(tmp_path / 'b'), 'last.pth')
-    run_script('main_supcon.py', '--epochs', 2, '--resume', last, *args)
-    resumed = load(last)
-    for part in ('model',):
-        for key, value in ref[part].items():
-            assert torch.equal(resumed[part][key], value), key
-    for name in ('queue', 'key_encoder'):
-        for key, value in ref['extra'][name].items():
-            assert torch.equal(resumed['extra'][name][key], value), f'{name}.{key}'
-    assert bool(resumed['extra']['queue']['valid'].all())
-    row = read_metrics(os.path.dirname(last))[-1]
+@pytest.mark.xdist_group('queue')
+def test_queue_statistics_and_state(shared_run):
+    run, _ = shared_run('queue')
+    ckpt = load(os.path.join(run, 'last.pth'))
+    assert {'queue', 'key_encoder'} <= set(ckpt['extra']) and bool(ckpt['extra']['queue']['valid'].all())
+    row = read_metrics(run)[-1]
     assert float(row['train/queue/fill']) == 1.0 and 0 < float(row['train/queue/key_query_cos']) <= 1
     assert float(row['train/queue/pos_per_anchor']) > 10 and float(row['train/queue/key_age']) > 1
-    out = run_script('main_linear.py', '--ckpt', last, '--epochs', 1, '--save_folder', tmp_path / 'lin', *FAST)
-    assert 'final test top-1' in out.stdout
 
 
 @pytest.mark.parametrize('args', [['--method', 'SimCLR', '--moco_m', 0],
-                                  ['--method', 'RASCAL', '--carrot', '--chunk_size', 24]])
+                                  ['--method', 'RASCAL', '--rascal_weighting', 'uniform', '--carrot', '--chunk_size', 24]])
 def test_queue_with_other_methods(tmp_path, args):
     run_script('main_supcon.py', *args, '--epochs', 1, '--save_folder', tmp_path, *QUEUED)
     run = only_run_folder(tmp_path)
     assert '_queue_256_m_' in run
+    assert 'RASCAL-uniform_digits' in run if 'RASCAL' in args else True
     row = read_metrics(run)[0]
     assert float(row['train/queue/fill']) > 0.8 and float(row['train/loss']) > 0    # the epoch mean: filling at first
     if 'SimCLR' in args:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import FAST, ROOT, load, only_run_folder, read_metrics
+from helpers import FAST, ROOT, load, only_run_folder, read_metrics, script_env
 from methods import METHODS, Method, register
 from options import parse_option
 from util import UserError
@@ -50,7 +50,7 @@ def test_a_registered_method_trains_through_the_real_script(tmp_path):
             'runpy.run_path("main_supcon.py", run_name="__main__")')
     args = ['--method', 'Toy', '--toy_weight', '2', '--epochs', '1', '--save_folder', str(tmp_path / 'runs'),
             *map(str, FAST)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]), OMP_NUM_THREADS='2')
+    env = script_env(PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
     proc = subprocess.run([sys.executable, '-c', code, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from helpers import ROOT, assert_one_line_error, run_script
+from helpers import ROOT, assert_one_line_error, run_in_process, run_script
 from options import parse_option
 from util import UserError
 
@@ -173,24 +173,28 @@ BAD = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(BAD))
 def test_bad_input(case, tmp_path):
     argv, words = BAD[case]
-    proc = run_script(argv[0], *argv[1:], '--save_folder', tmp_path, '--data_folder', tmp_path / 'none',
-                      check=False) if case == 'cifar_missing' else \
-        run_script(argv[0], *argv[1:], '--save_folder', tmp_path, check=False)
+    extra = ['--data_folder', tmp_path / 'none'] if case == 'cifar_missing' else []
+    proc = run_in_process(argv[0], *argv[1:], '--save_folder', tmp_path, *extra)
     assert_one_line_error(proc, *words)
 
 
 @pytest.mark.slow
+def test_bad_input_through_a_real_interpreter(tmp_path):
+    """The same path in a subprocess (the entry point, sys.argv[0] as the program's name)."""
+    assert_one_line_error(run_script('main_supcon.py', '--batch_size', 0, '--save_folder', tmp_path, check=False),
+                          'main_supcon.py: error', '--batch_size')
+
+
 @pytest.mark.parametrize('argv, words', [
     (['main_supcon.py', '--method', 'SimCLR', '--carrot'], ['class labels']),
     (['main_supcon.py', '--carrot_on', 'head'], ['--carrot']),
     (['main_ce.py', '--carrot', '--carrot_q_lo', 0.95], ['--carrot_q_lo']),
 ])
 def test_carrot_errors(argv, words):
-    proc = run_script(*argv, check=False)
+    proc = run_in_process(*argv)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     for w in words:
         assert w in proc.stderr

@@ -92,8 +92,9 @@ def test_coarse_labels_are_noised_after_the_mapping():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('tiny')
 def test_shots_and_label_noise_end_to_end(tiny_ckpt, tmp_path):
-    from helpers import assert_one_line_error, only_run_folder, run_script
+    from helpers import assert_one_line_error, only_run_folder, run_in_process, run_script
     out = run_script('main_linear.py', '--ckpt', tiny_ckpt, '--shots', 2, '--shot_draws', 3, '--within_superclass',
                      '--num_workers', 0, '--save_folder', tmp_path / 'probe')
     assert '2-shot linear probe' in out.stdout
@@ -103,8 +104,8 @@ def test_shots_and_label_noise_end_to_end(tiny_ckpt, tmp_path):
     assert results['shots'] == 2 and len(results['draws_test_acc']) == 3 and len(set(results['draws_test_acc'])) > 1
     assert 10 < results['final_test_acc'] <= 100 and 50 <= results['final_test_within_superclass_acc'] <= 100
     assert 'final_test_knn_acc' in results and results['config']['shot_seed'] == 0
-    again = run_script('main_linear.py', '--ckpt', tiny_ckpt, '--shots', 2, '--shot_draws', 3, '--within_superclass',
-                       '--num_workers', 0, '--save_folder', tmp_path / 'probe', check=False)
+    again = run_in_process('main_linear.py', '--ckpt', tiny_ckpt, '--shots', 2, '--shot_draws', 3,
+                           '--within_superclass', '--num_workers', 0, '--save_folder', tmp_path / 'probe')
     assert_one_line_error(again, 'already holds results.json')
     assert json.load(open(found)) == results
     run_script('main_supcon.py', '--label_noise', 0.4, '--epochs', 1, '--num_workers', 0, '--batch_size', 128,
@@ -115,6 +116,6 @@ def test_shots_and_label_noise_end_to_end(tiny_ckpt, tmp_path):
     for args, words in ((['--shots', 0], ['--shots must be >= 1']),
                         (['--shots', 500], ['fewer than --shots 500']),
                         (['--dataset', 'cifar10', '--within_superclass'], ['coarse labels are defined for'])):
-        proc = run_script('main_linear.py', '--ckpt', tiny_ckpt, *args, '--save_folder', tmp_path / 'bad', check=False)
+        proc = run_in_process('main_linear.py', '--ckpt', tiny_ckpt, *args, '--save_folder', tmp_path / 'bad')
         assert_one_line_error(proc, *words)
-    assert_one_line_error(run_script('main_ce.py', '--label_noise', 1.5, check=False), '--label_noise must be in [0, 1)')
+    assert_one_line_error(run_in_process('main_ce.py', '--label_noise', 1.5), '--label_noise must be in [0, 1)')

@@ -1,0 +1,83 @@
+"""Exact resume, one test over the training modes: a run stopped after epoch 1 (by its --epochs, by SIGKILL as
+soon as its first checkpoint exists, or by SIGINT in the middle of epoch 2) and continued with --resume reaches
+the uninterrupted 2-epoch run (``conftest.SHARED_RUNS``) bit for bit: model, and every checkpointed object
+(RASCAL's cache, the queue, the key encoder). Power: the first epoch alone differs from the reference."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import SHARED_RUNS
+from helpers import ROOT, load, only_run_folder, read_metrics, run_script, script_env, signal_after_first_checkpoint
+
+pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
+
+MODES = {   # mode -> (shared run, how the first part stops)
+    'supcon-sigkill': ('supcon', 'sigkill'),
+    'supcon-sigint': ('supcon', 'sigint'),
+    'rascal': ('rascal', 'epochs'),
+    'chunked': ('chunked', 'epochs'),
+    'queue': ('queue', 'epochs'),
+    'device-augment': ('devaug', 'epochs'),
+    'ce-fp16': ('ce', 'epochs'),
+}
+
+
+def killed_at_first_checkpoint(script, args, folder):
+    """Start ``script args`` and SIGKILL it as soon as its first ``last.pth`` exists; that ``last.pth``."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=script_env())
+    deadline, last = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None:
+        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(folder) if 'last.pth' in fs]
+        if found:
+            last = found[0]
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert last is not None and proc.returncode == -signal.SIGKILL, 'the run finished before it could be killed'
+    return last
+
+
+@pytest.mark.parametrize('mode', [pytest.param(m, marks=pytest.mark.xdist_group(run)) for m, (run, _) in MODES.items()])
+def test_stopped_and_resumed_equals_uninterrupted(mode, shared_run, tmp_path):
+    name, stop = MODES[mode]
+    script, flags = SHARED_RUNS[name]
+    ref_run, _ = shared_run(name)
+    ref = load(os.path.join(ref_run, 'last.pth'))
+    args = [*flags, '--epochs', 2]
+    folder = tmp_path / 'b'
+    if stop == 'epochs':
+        run_script(script, *flags, '--epochs', 1, '--save_folder', folder)
+        last = os.path.join(only_run_folder(folder), 'last.pth')
+    elif stop == 'sigkill':
+        last = killed_at_first_checkpoint(script, [*args, '--save_folder', folder], folder)
+    else:                  # epoch 1 is saved: interrupt epoch 2 in the middle
+        proc, last, err = signal_after_first_checkpoint(script, [*args, '--save_folder', folder], folder,
+                                                        signal.SIGINT, delay=1.0)
+        assert last is not None and proc.returncode == 130, err
+        assert err.strip().splitlines() == [f'{script}: interrupted; the last complete checkpoint is intact: '
+                                            f'continue with --resume {last}']
+        assert not [f for f in os.listdir(os.path.dirname(last)) if f.startswith('.tmp')]
+    stopped = load(last)
+    assert stopped['epoch'] == 1
+    assert any(not torch.equal(stopped['model'][k], v) for k, v in ref['model'].items())     # power
+    out = run_script(script, *args, '--resume', last)
+    assert f'resumed from {last} at epoch 1' in out.stdout
+    resumed = load(last)
+    assert resumed['epoch'] == 2 and resumed['model'].keys() == ref['model'].keys()
+    for key, value in ref['model'].items():
+        assert torch.equal(resumed['model'][key], value), key
+    assert resumed['extra'].keys() == ref['extra'].keys()
+    for part, state in ref['extra'].items():
+        for key, value in state.items():
+            assert torch.equal(resumed['extra'][part][key], value), f'{part}.{key}'
+    assert [r['epoch'] for r in read_metrics(os.path.dirname(last))] == ['1', '2']
+    if script == 'main_ce.py':      # the best epoch's metrics survive the resume
+        timeless = lambda best: {k: v for k, v in best.items() if not k.endswith('time')}
+        assert resumed['best'] is not None and timeless(resumed['best']) == timeless(ref['best'])
