@@ -5,7 +5,7 @@ per-image PIL pipeline), measured in one run.
     python benchmarks/augment_speed.py --gpu           # also a full SupCon step on the GPU (CUDA only)
 
 1. Two-view contrastive augmentation (CIFAR's: crop, flip, colour jitter, grayscale) of 32x32 images, one thread,
-   both in this process: images per second per core (each view counts).
+   both in this process: images per second per core (each view counts), the median of 3 passes of each.
 2. One digits SupCon epoch (``main_supcon.py``, batch 128, no workers) with each, in its own process.
 3. ``--gpu``: images/s of a full SupCon step (resnet18, 32x32, batch 512, two views, bf16, channels_last, SGD)
    fed by ``--augment device`` (images on the GPU) and by the cpu pipeline in 8 and 16 DataLoader workers, and
@@ -38,26 +38,29 @@ def pil_transform():
                                             'contrastive'))
 
 
-def per_core(n):
-    """Images/s (two views each counted) of the PIL pipeline and of BatchAugment on the CPU, one thread."""
+def per_core(n, reps=3):
+    """Images/s (two views each counted) of the PIL pipeline and of BatchAugment on the CPU, one thread: the
+    median of ``reps`` passes of each, taken in turn (a busy neighbour slows both alike)."""
     from PIL import Image
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
     pil = [Image.fromarray(a) for a in raw]
     transform = pil_transform()
-    start = time.perf_counter()
-    for im in pil:
-        transform(im)
-    cpu = 2 * n / (time.perf_counter() - start)
     batch = torch.from_numpy(raw).permute(0, 3, 1, 2).contiguous()
     aug = BatchAugment(32, *CIFAR_MEAN_STD, 'natural', 'contrastive', torch.Generator().manual_seed(0))
     aug(batch[:64])                                            # warm-up
-    start = time.perf_counter()
-    for part in batch.split(512):
-        aug(part), aug(part)
-    device = 2 * n / (time.perf_counter() - start)
-    return cpu, device
+    cpu, device = [], []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for im in pil:
+            transform(im)
+        cpu.append(2 * n / (time.perf_counter() - start))
+        start = time.perf_counter()
+        for part in batch.split(512):
+            aug(part), aug(part)
+        device.append(2 * n / (time.perf_counter() - start))
+    return float(np.median(cpu)), float(np.median(device))
 
 
 def digits_epoch(augment, seed=0):
