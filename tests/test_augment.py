@@ -87,6 +87,22 @@ def test_colour_jitter_applies_the_operations_in_each_images_order():
     torch.testing.assert_close(A.color_jitter(x, factors, order, apply, sync_free=True), got, rtol=0, atol=1e-6)
 
 
+def test_colour_jitter_grouped_by_order_equals_each_image_alone():
+    """The CPU form groups the batch by order of operations (24 orders); every image must come out as if it
+    were jittered alone, bit for bit, and match the accelerator form (every operation on every row)."""
+    g = torch.Generator().manual_seed(1)
+    x = images(200)
+    factors, order = A.sample_jitter(g, 200, 0.4, 0.4, 0.4, 0.1, 'cpu')
+    apply = torch.rand(200, generator=g) < 0.8
+    got = A.color_jitter(x, factors, order, apply)
+    for i in range(200):
+        want = x[i:i + 1]
+        for op_index in (order[i].tolist() if apply[i] else []):
+            want = A.JITTER_OPS[op_index](want, factors[i:i + 1, op_index])
+        assert torch.equal(got[i:i + 1], want), i
+    torch.testing.assert_close(A.color_jitter(x, factors, order, apply, sync_free=True), got, rtol=0, atol=1e-6)
+
+
 # ---------------------------------------------------------------- samplers
 N_DRAWS = 20000
 
