@@ -261,12 +261,13 @@ class BatchAugment:
         if self.kind == 'eval':
             return normalize(images.float() / 255.0, self.mean, self.std)
         flip = None if self.style == 'digits' else params['flip']
-        step = self.CPU_CHUNK if images.device.type == 'cpu' else images.shape[0]
-        x = torch.cat([resized_crop(images[i:i + step].float(), params['top'][i:i + step],
-                                    params['left'][i:i + step], params['height'][i:i + step],
-                                    params['width'][i:i + step], self.size,
-                                    flip=None if flip is None else flip[i:i + step], scale=1 / 255.0)
-                       for i in range(0, images.shape[0], step)])
+        n = images.shape[0]
+        step = self.CPU_CHUNK if images.device.type == 'cpu' else max(n, 1)
+        parts = [resized_crop(images[i:i + step].float(), params['top'][i:i + step], params['left'][i:i + step],
+                              params['height'][i:i + step], params['width'][i:i + step], self.size,
+                              flip=None if flip is None else flip[i:i + step], scale=1 / 255.0)
+                 for i in range(0, max(n, 1), step)]
+        x = parts[0] if len(parts) == 1 else torch.cat(parts)
         if self.style == 'digits':
             x = rotate(x, params['degrees'])
         if self.kind == 'contrastive':
