@@ -36,7 +36,8 @@ class Feature:
         scripts: the scripts that have the feature.
         check: ``check(opt, script, given, method)`` after parsing: raise :class:`util.UserError` with one
             line for a bad value or combination (``given``: the flags' destinations given on the command
-            line; ``method``: the ``methods.Method`` of ``main_supcon.py``, else ``None``).
+            line; ``method``: the ``methods.Method`` of ``main_supcon.py``, else ``None``). It may also set
+            the fields that depend on other flags (the schedule's warm-up above batch 256).
         run_name: ``run_name(opt) -> str``: the feature's suffix of the run folder's name (``''`` when off).
         resume_may_change: destinations of its flags that may differ when a run is resumed.
     """

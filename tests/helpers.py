@@ -42,7 +42,6 @@ def run_in_process(script, *args):
     import io
     import random
     import runpy
-    import signal
     from types import SimpleNamespace
     saved = (os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM), random.getstate(), np.random.get_state(),
              torch.get_rng_state())

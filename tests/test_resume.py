@@ -4,15 +4,12 @@ the uninterrupted 2-epoch run (``conftest.SHARED_RUNS``) bit for bit: model, and
 (RASCAL's cache, the queue, the key encoder). Power: the first epoch alone differs from the reference."""
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
 from conftest import SHARED_RUNS
-from helpers import ROOT, load, only_run_folder, read_metrics, run_script, script_env, signal_after_first_checkpoint
+from helpers import load, only_run_folder, read_metrics, run_script, signal_after_first_checkpoint
 
 pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
 
@@ -27,23 +24,6 @@ MODES = {   # mode -> (shared run, how the first part stops)
 }
 
 
-def killed_at_first_checkpoint(script, args, folder):
-    """Start ``script args`` and SIGKILL it as soon as its first ``last.pth`` exists; that ``last.pth``."""
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=script_env())
-    deadline, last = time.time() + 300, None
-    while time.time() < deadline and proc.poll() is None:
-        found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(folder) if 'last.pth' in fs]
-        if found:
-            last = found[0]
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    proc.wait()
-    assert last is not None and proc.returncode == -signal.SIGKILL, 'the run finished before it could be killed'
-    return last
-
-
 @pytest.mark.parametrize('mode', [pytest.param(m, marks=pytest.mark.xdist_group(run)) for m, (run, _) in MODES.items()])
 def test_stopped_and_resumed_equals_uninterrupted(mode, shared_run, tmp_path):
     name, stop = MODES[mode]
@@ -55,8 +35,10 @@ def test_stopped_and_resumed_equals_uninterrupted(mode, shared_run, tmp_path):
     if stop == 'epochs':
         run_script(script, *flags, '--epochs', 1, '--save_folder', folder)
         last = os.path.join(only_run_folder(folder), 'last.pth')
-    elif stop == 'sigkill':
-        last = killed_at_first_checkpoint(script, [*args, '--save_folder', folder], folder)
+    elif stop == 'sigkill':      # as soon as the first checkpoint exists
+        proc, last, _ = signal_after_first_checkpoint(script, [*args, '--save_folder', folder], folder,
+                                                      signal.SIGKILL, delay=0)
+        assert last is not None and proc.returncode == -signal.SIGKILL, 'the run finished before it was killed'
     else:                  # epoch 1 is saved: interrupt epoch 2 in the middle
         proc, last, err = signal_after_first_checkpoint(script, [*args, '--save_folder', folder], folder,
                                                         signal.SIGINT, delay=1.0)
