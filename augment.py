@@ -22,19 +22,44 @@ GRAY = (0.2989, 0.587, 0.114)          # torchvision's RGB -> luma weights for t
 
 
 # ---------------------------------------------------------------- operations (batch, per-sample parameters)
-def resize_weights(start, length, in_size, out_size):
+def resize_weights(start, length, in_size, out_size, flip=None):
     """``[N, out_size, in_size]`` interpolation matrices of a crop ``[start, start + length)`` of an axis of
     ``in_size`` pixels resized to ``out_size``: antialiased bilinear (a triangle filter stretched by the
     down-scaling factor, normalized over the pixels inside the crop), the rule of PIL's bilinear resize and of
     ``torch.nn.functional.interpolate(..., antialias=True)``; plain bilinear (``align_corners=False``, edges
-    clamped) when up-scaling. ``start``, ``length`` ``[N]`` integer tensors."""
+    clamped) when up-scaling. ``start``, ``length`` ``[N]`` integer tensors; ``flip`` ``[N]`` bool: those rows
+    get their output positions in reverse order (the crop mirrored)."""
     scale = length.float() / out_size                                             # [N]
     inv_support = 1 / scale.clamp(min=1.0)
-    centre = (torch.arange(out_size, device=start.device, dtype=torch.float32)[None] + 0.5) * scale[:, None]
+    position = torch.arange(out_size, device=start.device, dtype=torch.float32)[None].expand(len(start), -1)
+    if flip is not None:
+        position = torch.where(flip[:, None], position.flip(1), position)        # [N, S]: small
+    centre = (position + 0.5) * scale[:, None]
     x = torch.arange(in_size, device=start.device, dtype=torch.float32)[None, None] - start[:, None, None] + 0.5
     inside = (x > 0) & (x < length[:, None, None] + 0.5)
     w = (1 - ((x - centre[:, :, None]) * inv_support[:, None, None]).abs()).clamp_(min=0).mul_(inside)
     return w / w.sum(-1, keepdim=True)
+
+
+_WEIGHT_TABLES = {}
+
+
+def crop_weights(start, length, in_size, out_size, flip=None):
+    """:func:`resize_weights` looked up in a table of every ``(flip, start, length)`` of an axis of up to 64
+    pixels (computed once per sizes and device by :func:`resize_weights` itself, so the same numbers), or
+    computed directly for larger inputs."""
+    if in_size > 64:
+        return resize_weights(start, length, in_size, out_size, flip)
+    key = (in_size, out_size, str(start.device))
+    if key not in _WEIGHT_TABLES:
+        s, n = torch.meshgrid(torch.arange(in_size, device=start.device),
+                              torch.arange(in_size + 1, device=start.device), indexing='ij')
+        # every (start, length); only those with start + length <= in_size are ever looked up
+        table = resize_weights(s.flatten(), n.flatten().clamp(min=1), in_size, out_size)
+        table = table.reshape(in_size, in_size + 1, out_size, in_size)
+        _WEIGHT_TABLES[key] = torch.stack([table, table.flip(2)])
+    table = _WEIGHT_TABLES[key]
+    return table[0 if flip is None else flip.long(), start, length]
 
 
 def resized_crop(images, top, left, height, width, size, flip=None, scale=1.0):
@@ -44,15 +69,12 @@ def resized_crop(images, top, left, height, width, size, flip=None, scale=1.0):
     reversed: the same as :func:`hflip` afterwards, at no cost); ``scale``: multiply the pixels (folded into
     ``Wy``)."""
     n, c, h, w = images.shape
-    wy = resize_weights(top, height, h, size).to(images.dtype)                 # [N, S, H]
-    wx = resize_weights(left, width, w, size).to(images.dtype)                 # [N, S, W]
+    wy = crop_weights(top, height, h, size).to(images.dtype)                   # [N, S, H]
+    wx = crop_weights(left, width, w, size, flip).to(images.dtype)             # [N, S, W]
     if scale != 1.0:
         wy = wy * scale
-    if flip is not None:
-        wx = torch.where(flip[:, None, None], wx.flip(1), wx)
-    rows = torch.bmm(images.reshape(n, c * h, w), wx.transpose(1, 2))          # [N, C*H, S]
-    rows = rows.reshape(n, c, h, size).transpose(1, 2).reshape(n, h, c * size)
-    return torch.bmm(wy, rows).reshape(n, size, c, size).transpose(1, 2).contiguous()
+    rows = torch.bmm(images.reshape(n, c * h, w), wx.transpose(1, 2)).reshape(n, c, h, size)
+    return torch.matmul(wy[:, None], rows)                                     # [N, C, S, S]
 
 
 def hflip(images, flip):
@@ -103,21 +125,50 @@ def adjust_saturation(images, factor):
 
 def adjust_hue(images, shift):
     """Rotate the hue of each image by ``shift`` ``[N]`` turns (in ``[-0.5, 0.5]``): torchvision's HSV round
-    trip in closed form. With ``d = max - min`` (``= v s``) and the hue in sixths of a turn ``h6``, channel
-    ``n`` in ``(5, 3, 1)`` (R, G, B) is ``max - d clamp(min(k, 4 - k), 0, 1)``, ``k = (n + h6 + 6 shift) mod 6``."""
+    trip in closed form. The value (max) and the chroma ``d = max - min`` stay; the hue in sixths of a turn is
+    ``h = 2 i + (next - after) / d`` with ``i`` the index of the first largest channel (R, G, B) and ``next``,
+    ``after`` the two channels that follow it cyclically, and ``u = h + 6 shift`` reduced to ``[0, 6)``. Channel
+    ``c`` becomes ``max - d T_c(u)`` with the trapezoid ``T_c(u) = clamp(min(k, 4 - k), 0, 1)``, ``k = (u + 5, 3,
+    1 for R, G, B) mod 6``, written without the ``mod``: ``T_R = clamp(min(u - 1, 5 - u))``, ``T_G = clamp(max(1 -
+    u, min(u - 3, 7 - u)))``, ``T_B = clamp(max(min(u + 1, 3 - u), u - 5))`` for ``u`` in ``[-1, 7]`` (so the
+    rounding of the reduction cannot leave them). Branches are products with 0/1 masks made by ``sign`` (on a
+    CPU ``torch.where`` and comparisons cost as much as 5 to 20 multiplications). Gray pixels (``d = 0``) keep
+    their value; ties for the largest channel lie on a sextant edge, where both branches give the same hue."""
     r, g, b = images.unbind(1)
-    maxc, minc = images.amax(1), images.amin(1)
+    maxc, minc = images.amax(1, keepdim=True), images.amin(1, keepdim=True)
     delta = maxc - minc
-    safe = torch.where(delta == 0, torch.ones_like(delta), delta)       # gray pixels: d = 0, any hue
-    h6 = torch.where(maxc == r, (g - b) / safe, torch.where(maxc == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe))
-    n = torch.tensor([5.0, 3.0, 1.0], device=images.device, dtype=images.dtype)[None, :, None, None]
-    k = (n + (h6 + 6.0 * shift[:, None, None])[:, None]) % 6.0
-    return (maxc[:, None] - delta[:, None] * torch.minimum(k, 4.0 - k).clamp(0, 1)).clamp(0, 1)
+    is_r = 1 + torch.sign(r - maxc[:, 0])               # 1 where R is the largest, else 0 (x - y = 0 iff x = y)
+    not_r = 1 - is_r                                    # ties as torchvision breaks them: R, then G, then B
+    is_g = (1 + torch.sign(g - maxc[:, 0])) * not_r
+    is_b = not_r - is_g
+    numerator = is_r * (g - b) + is_g * (b - r) + is_b * (r - g)
+    h = is_g * 2 + is_b * 4 + numerator / delta[:, 0].clamp(min=torch.finfo(images.dtype).tiny)
+    u = (h + 6 * shift[:, None, None])[:, None]
+    u = u - 6 * torch.floor(u / 6)
+    t = torch.empty_like(images)
+    torch.minimum(u - 1, 5 - u, out=t[:, 0:1])
+    torch.maximum(1 - u, torch.minimum(u - 3, 7 - u), out=t[:, 1:2])
+    torch.maximum(torch.minimum(u + 1, 3 - u), u - 5, out=t[:, 2:3])
+    return (maxc - delta * t.clamp_(0, 1)).clamp_(0, 1)
 
 
-def grayscale(images, where):
-    """Replace the images where ``where`` ``[N]`` is true by their grayscale version (3 equal channels)."""
-    return torch.where(where[:, None, None, None], luma(images).expand_as(images), images)
+def grayscale(images, where, sync_free=None):
+    """Replace the images where ``where`` ``[N]`` is true by their grayscale version (3 equal channels). On a CPU
+    only those rows are computed; elsewhere every row, kept by arithmetic selection (no host synchronization).
+    ``sync_free``: force one form (default: the second on any device but the CPU)."""
+    if images.device.type != 'cpu' if sync_free is None else sync_free:
+        return _pick(where, luma(images), images)
+    out = images.clone()
+    out[where] = luma(images[where]).expand(-1, images.shape[1], -1, -1)
+    return out
+
+
+def _pick(where, a, b):
+    """``a`` for the images where ``where`` ``[N]`` is true, else ``b`` (broadcast to one shape): ``a m + b (1 -
+    m)`` with ``m`` in {0, 1}, which is ``torch.where``'s value for finite inputs, and on a CPU several times
+    faster than it."""
+    m = where.to(b.dtype)[:, None, None, None]
+    return a * m + b * (1 - m)
 
 
 def normalize(images, mean, std):
@@ -176,14 +227,21 @@ def sample_jitter(generator, n, brightness, contrast, saturation, hue, device):
     return torch.stack(factors, 1), order
 
 
+def jitter_groups(order, apply):
+    """A key per image for :func:`color_jitter`'s CPU form: its order of the four operations as a number in
+    ``[0, 256)``, or -1 without jitter. Sorting a batch by it makes every group of equal keys contiguous."""
+    code = (order * torch.tensor([64, 16, 4, 1], device=order.device)).sum(1)
+    return torch.where(apply, code, torch.full_like(code, -1))
+
+
 def color_jitter(images, factors, order, apply, sync_free=None):
     """The four colour operations in each image's own order, on the images where ``apply`` is true.
 
-    On a CPU the rows are grouped by their order (one gather, each group's four operations on its contiguous
-    rows, one scatter: least arithmetic and copying); on an accelerator every operation runs on every row at
-    each of the 16 (position, operation) slots and ``where`` keeps the right ones, which needs no host
-    synchronization (selecting rows would wait for the GPU). Both give each image the arithmetic it would get
-    alone. ``sync_free``: force one form (default: the second on any device but the CPU)."""
+    On a CPU the rows are grouped by their order (:func:`jitter_groups`; each group's four operations run on its
+    contiguous rows: least arithmetic); on an accelerator every operation runs on every row at each of the 16
+    (position, operation) slots and ``where`` keeps the right ones, which needs no host synchronization
+    (selecting rows would wait for the GPU). Both give each image the arithmetic it would get alone.
+    ``sync_free``: force one form (default: the second on any device but the CPU)."""
     sync_free = images.device.type != 'cpu' if sync_free is None else sync_free
     if not sync_free:
         return _color_jitter_grouped(images, factors, order, apply)
@@ -196,22 +254,27 @@ def color_jitter(images, factors, order, apply, sync_free=None):
 
 
 def _color_jitter_grouped(images, factors, order, apply):
-    """:func:`color_jitter`'s CPU form: the images sorted by their order of the four operations (24 orders; the
-    images without jitter first), each group's operations on its contiguous rows, one gather and one scatter."""
-    code = (order * torch.tensor([64, 16, 4, 1], device=order.device)).sum(1)
-    code = torch.where(apply, code, torch.full_like(code, -1))          # -1: no jitter, first after sorting
-    idx = torch.argsort(code, stable=True)
-    codes, counts = torch.unique_consecutive(code[idx], return_counts=True)
-    x, f, o = images[idx], factors[idx], order[idx]
-    start = 0
-    for c, count in zip(codes.tolist(), counts.tolist()):
-        if c >= 0:
+    """:func:`color_jitter`'s CPU form. The images sorted by :func:`jitter_groups` (no copy when they come sorted,
+    as :class:`BatchAugment` passes them; the images without jitter first) form a tree of contiguous runs: at
+    position ``p`` the images that share their first ``p + 1`` operations are adjacent (4, 12, 24 and 24 runs),
+    so each run gets its ``p``-th operation in one call: 64 calls for a batch, every image its own four in its
+    own order."""
+    code = jitter_groups(order, apply)
+    presorted = bool((code[1:] >= code[:-1]).all())
+    idx = None if presorted else torch.argsort(code, stable=True)
+    x, f, o, code = (images.clone(), factors, order, code) if presorted else \
+        (images[idx], factors[idx], order[idx], code[idx])
+    first = int((code < 0).sum())                                       # the rows without jitter
+    for position in range(4):
+        prefixes, counts = torch.unique_consecutive(code[first:] // 4 ** (3 - position), return_counts=True)
+        start = first
+        for prefix, count in zip(prefixes.tolist(), counts.tolist()):
+            op_index = prefix % 4
             rows = slice(start, start + count)
-            part = x[rows]
-            for op_index in o[start].tolist():
-                part = JITTER_OPS[op_index](part, f[rows, op_index])
-            x[rows] = part
-        start += count
+            x[rows] = JITTER_OPS[op_index](x[rows], f[rows, op_index])
+            start += count
+    if presorted:
+        return x
     out = torch.empty_like(images)
     out[idx] = x
     return out
@@ -251,28 +314,49 @@ class BatchAugment:
             params['gray'] = torch.rand(n, generator=g, device=device) < 0.2
         return params
 
-    CPU_CHUNK = 128     # on a CPU, images per crop pass: temporaries of a few hundred KB are 2x faster than 512 images
+    CPU_CHUNK = 128     # on a CPU, images per crop pass: 1.5 MB temporaries stay in the cache (1.8x faster than 512)
 
     def apply(self, images, params):
         """The pipeline with given parameters: uint8 ``[N, C, H, W]`` -> normalized float ``[N, C, size, size]``.
-        Every operation is per image, so on a CPU the crop runs ``CPU_CHUNK`` images at a time (the same numbers:
-        the parameters were drawn for the whole batch); the colour jitter runs on the whole batch, whose rows it
-        groups by their order of operations (:func:`color_jitter`)."""
+        Every operation is per image, so on a CPU the batch runs in the order that groups its colour jitter
+        (:func:`jitter_groups`), the crop ``CPU_CHUNK`` images at a time, and each image then goes back to its
+        own row: the same numbers as one pass over the batch in its own order (without autograd's bookkeeping:
+        ``inference_mode`` inside, a plain tensor out)."""
         if self.kind == 'eval':
             return normalize(images.float() / 255.0, self.mean, self.std)
-        flip = None if self.style == 'digits' else params['flip']
+        if images.device.type != 'cpu':
+            return self._apply(images, params)
+        idx = torch.argsort(jitter_groups(params['order'], params['jitter']), stable=True) \
+            if self.kind == 'contrastive' else None
+        out = torch.empty(images.shape[0], images.shape[1], self.size, self.size)
+        with torch.inference_mode():
+            if idx is None:
+                out.copy_(self._apply(images, params, crop_chunk=self.CPU_CHUNK))
+            else:
+                out[idx] = self._apply(images[idx], {k: v[idx] for k, v in params.items()}, crop_chunk=self.CPU_CHUNK)
+        return out
+
+    def _apply(self, images, params, sync_free=None, crop_chunk=None):
+        """:meth:`apply` in one pass over ``images`` (``sync_free``: as in :func:`color_jitter`), the crop
+        ``crop_chunk`` images at a time if given."""
         n = images.shape[0]
-        step = self.CPU_CHUNK if images.device.type == 'cpu' else max(n, 1)
-        parts = [resized_crop(images[i:i + step].float(), params['top'][i:i + step], params['left'][i:i + step],
-                              params['height'][i:i + step], params['width'][i:i + step], self.size,
-                              flip=None if flip is None else flip[i:i + step], scale=1 / 255.0)
-                 for i in range(0, max(n, 1), step)]
-        x = parts[0] if len(parts) == 1 else torch.cat(parts)
+
+        def crop(rows):
+            flip = params['flip'][rows] if 'flip' in params else None
+            return resized_crop(images[rows].float(), params['top'][rows], params['left'][rows],
+                                params['height'][rows], params['width'][rows], self.size, flip, scale=1 / 255.0)
+
+        if crop_chunk is None or n <= crop_chunk:
+            x = crop(slice(None))
+        else:
+            x = torch.empty(n, images.shape[1], self.size, self.size)
+            for i in range(0, n, crop_chunk):
+                x[i:i + crop_chunk] = crop(slice(i, i + crop_chunk))
         if self.style == 'digits':
             x = rotate(x, params['degrees'])
         if self.kind == 'contrastive':
-            x = color_jitter(x, params['factors'], params['order'], params['jitter'])
-            x = grayscale(x, params['gray'])
+            x = color_jitter(x, params['factors'], params['order'], params['jitter'], sync_free)
+            x = grayscale(x, params['gray'], sync_free)
         return normalize(x, self.mean, self.std)
 
     def __call__(self, images):
@@ -366,6 +450,9 @@ class DeviceLoader:
         for start in range(0, order.shape[0], self.batch_size):
             idx = order[start:start + self.batch_size]
             x = self.images[idx]
-            images = [self._augmented(x) for _ in range(self.n_views)] if self.n_views else self._augmented(x)
+            if self.n_views:                     # all views in one call: bigger groups, fewer operations
+                images = list(self._augmented(x.repeat(self.n_views, 1, 1, 1)).chunk(self.n_views))
+            else:
+                images = self._augmented(x)
             batch = (images, self.labels[idx])
             yield batch + (idx,) if self.with_ids else batch

@@ -16,7 +16,7 @@ from monitors import CollapseWatch
 from distributed import all_gather_object, all_reduce_sum, barrier, init_distributed, is_main, rank, world_size
 from options import config_dict, resume_conflicts
 from util import (RUN, AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast, get_rng_state, progress,
-                  resolve_device, set_rng_state, set_seed, to_device, warmup_learning_rate)
+                  keep_freed_memory, resolve_device, set_rng_state, set_seed, to_device, warmup_learning_rate)
 
 
 def setup(opt, run_folder=True):
@@ -26,6 +26,8 @@ def setup(opt, run_folder=True):
     join the process group (this rank's device, the local batch, other ranks' stdout silenced); seed
     this process (``seed + rank``: each process augments differently, DDP syncs the weights)."""
     opt.device = resolve_device(opt.device)
+    if opt.device.type == 'cpu' and opt.augment == 'device':
+        keep_freed_memory()                 # the batched augmentation's temporaries without a page fault at each use
     if run_folder:
         check_resume(opt)
     init_distributed(opt)

@@ -212,6 +212,26 @@ def resolve_device(name):
     return device
 
 
+def keep_freed_memory():
+    """Have glibc keep freed memory for reuse instead of handing it back to the OS (a no-op elsewhere). By default
+    glibc serves each block over 128 KB from a fresh ``mmap`` and trims freed heap tops over 128 KB, so work that
+    allocates such temporaries at every operation (the batched augmentation of ``--augment device`` on a CPU,
+    a CPU training step) pays a page fault per 4 KB page at each use: on a 2-core machine a third of the time
+    of ``augment.BatchAugment``. Blocks up to 32 MB now come from the heap and up to 256 MB of freed heap stays
+    mapped (PyTorch's CPU tuning guide recommends jemalloc or tcmalloc for the same reason). Returns whether the
+    setting took effect."""
+    import ctypes
+    import platform
+    if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc':
+        return False
+    try:
+        libc = ctypes.CDLL('libc.so.6')
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 256 << 20))
+
+
 AMP_DTYPES = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 

@@ -5,12 +5,14 @@ per-image PIL pipeline), measured in one run.
     python benchmarks/augment_speed.py --gpu           # also a full SupCon step on the GPU (CUDA only)
 
 1. Two-view contrastive augmentation (CIFAR's: crop, flip, colour jitter, grayscale) of 32x32 images, one thread,
-   both in this process: images per second per core (each view counts), the median of 3 passes of each.
+   both in this process: images per second per core (each view counts), the median of 5 passes of each; freed
+   memory kept for reuse as the scripts keep it with ``--augment device`` on a CPU (``util.keep_freed_memory``;
+   ``--default_allocator``: without).
 2. One digits SupCon epoch (``main_supcon.py``, batch 128, no workers) with each, in its own process.
 3. ``--gpu``: images/s of a full SupCon step (resnet18, 32x32, batch 512, two views, bf16, channels_last, SGD)
    fed by ``--augment device`` (images on the GPU) and by the cpu pipeline in 8 and 16 DataLoader workers, and
    the share of the device step spent augmenting.
-The last line is ``ratio X``: device over cpu images/s per core (part 1).
+The last line is ``ratio X``: device over cpu images/s per core (part 1), the median over the pairs of passes.
 """
 import argparse
 import csv
@@ -27,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from augment import BatchAugment  # noqa: E402
 from data import TwoCropTransform  # noqa: E402
+from util import keep_freed_memory  # noqa: E402
 
 CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
 
@@ -38,9 +41,11 @@ def pil_transform():
                                             'contrastive'))
 
 
-def per_core(n, reps=3):
+def per_core(n, reps=5):
     """Images/s (two views each counted) of the PIL pipeline and of BatchAugment on the CPU, one thread: the
-    median of ``reps`` passes of each, taken in turn (a busy neighbour slows both alike)."""
+    median of ``reps`` passes of each, taken in turn, and the ratio of each pair of passes (adjacent in time, so
+    a neighbour that slows this machine for a while slows both alike). BatchAugment gets both views of a batch
+    of 512 in one call, as ``augment.DeviceLoader`` gives them."""
     from PIL import Image
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -58,9 +63,9 @@ def per_core(n, reps=3):
         cpu.append(2 * n / (time.perf_counter() - start))
         start = time.perf_counter()
         for part in batch.split(512):
-            aug(part), aug(part)
+            aug(part.repeat(2, 1, 1, 1)).chunk(2)
         device.append(2 * n / (time.perf_counter() - start))
-    return float(np.median(cpu)), float(np.median(device))
+    return float(np.median(cpu)), float(np.median(device)), [d / c for c, d in zip(cpu, device)]
 
 
 def digits_epoch(augment, seed=0):
@@ -157,6 +162,8 @@ def main():
     p.add_argument('--gpu_steps', type=int, default=40)
     p.add_argument('--workers', default='8,16')
     p.add_argument('--skip_epochs', action='store_true', help='skip the digits epochs (part 2)')
+    p.add_argument('--default_allocator', action='store_true',
+                   help="part 1 with glibc's default allocator settings (not util.keep_freed_memory)")
     args = p.parse_args()
     print(f'torch {torch.__version__}, {os.cpu_count()} CPUs')
     if not args.skip_epochs:
@@ -171,10 +178,15 @@ def main():
         for name, ips in results.items():
             print(f'  {name:18s} {ips:10.0f} images/s  ({ips / results["device"]:.2f} of device)')
         print(f'  augmenting on the device takes {100 * share:.1f} % of the device step')
-    cpu, device = per_core(args.images)
+    if args.default_allocator:
+        print("glibc's default allocator settings (the scripts keep freed memory: util.keep_freed_memory)")
+    else:
+        print(f'freed memory kept for reuse, as the scripts do with --augment device on a CPU: {keep_freed_memory()}')
+    cpu, device, ratios = per_core(args.images)
     print(f'two-view contrastive augmentation, 32x32, one core: cpu (PIL) {cpu:.0f} images/s, '
-          f'device (batched, on the CPU) {device:.0f} images/s')
-    print(f'ratio {device / cpu:.2f}')
+          f'device (batched, on the CPU) {device:.0f} images/s (medians of {len(ratios)} passes)')
+    print('ratio of each pair of passes: ' + ', '.join(f'{r:.2f}' for r in ratios))
+    print(f'ratio {np.median(ratios):.2f}')
 
 
 if __name__ == '__main__':

@@ -68,6 +68,9 @@ def test_colour_operations_equal_torchvision(op, tv, values):
     x = images()
     x[0, :, :4] = 0.5                     # gray pixels (no hue) and a black corner
     x[1, :, :2, :2] = 0.0
+    x[2, 1, :5] = x[2, 0, :5]             # ties for the largest channel (sextant edges)
+    x[3, 2, :5] = x[3, 1, :5]
+    x[4, 2, :5] = x[4, 0, :5]
     factor = torch.tensor(values)
     torch.testing.assert_close(op(x, factor), per_image(tv, x, factor), rtol=0, atol=2e-6)
 
@@ -187,14 +190,47 @@ def view_statistics(views_a, views_b):
     return both.mean((0, 2, 3)), both.std((0, 2, 3)), cos
 
 
-def test_chunked_application_changes_nothing():
+@pytest.mark.parametrize('style, kind', [('natural', 'contrastive'), ('digits', 'contrastive'), ('natural', 'train')])
+def test_cpu_passes_equal_one_pass_in_batch_order_and_each_image_alone(style, kind):
+    """On a CPU the batch runs sorted by order of colour operations, in chunks, under inference mode; every image
+    must land in its own row with the numbers of one pass over the batch in its own order and of the image
+    augmented alone, bit for bit; and agree with the accelerator's form (every operation on every row)."""
     x = (images(300, 20, 20) * 255).to(torch.uint8)
-    for style in ('natural', 'digits'):
-        aug = A.BatchAugment(16, (0.5,) * 3, (0.3,) * 3, style, 'contrastive', torch.Generator().manual_seed(0))
-        p = aug.sample(300, 20, 20, 'cpu')
-        whole = aug.apply(x, p)
-        aug.CPU_CHUNK = 1000
-        assert torch.equal(aug.apply(x, p), whole)
+    aug = A.BatchAugment(16, (0.5,) * 3, (0.3,) * 3, style, kind, torch.Generator().manual_seed(0))
+    p = aug.sample(300, 20, 20, 'cpu')
+    got = aug.apply(x, p)
+    assert not got.is_inference() and got.is_contiguous()
+    assert torch.equal(got, aug._apply(x, p))
+    for i in (0, 1, 57, 299):
+        assert torch.equal(got[i:i + 1], aug._apply(x[i:i + 1], {k: v[i:i + 1] for k, v in p.items()})), i
+    torch.testing.assert_close(aug._apply(x, p, sync_free=True), got, rtol=0, atol=1e-5)
+    aug.CPU_CHUNK = 1000
+    assert torch.equal(aug.apply(x, p), got)
+    if kind == 'contrastive':                   # power: the rows were processed out of order and put back
+        idx = torch.argsort(A.jitter_groups(p['order'], p['jitter']), stable=True)
+        assert not torch.equal(idx, torch.arange(300)) and not torch.equal(got[idx], got)
+    assert aug.apply(x[:0], {k: v[:0] for k, v in p.items()}).shape == (0, 3, 16, 16)
+
+
+def test_crop_weights_table_equals_the_direct_computation():
+    g = torch.Generator().manual_seed(3)
+    for in_size, out_size in ((20, 16), (32, 32), (8, 24)):
+        n = 400
+        length = torch.randint(1, in_size + 1, (n,), generator=g)
+        start = (torch.rand(n, generator=g) * (in_size - length + 1)).long()
+        flip = torch.rand(n, generator=g) < 0.5
+        assert torch.equal(A.crop_weights(start, length, in_size, out_size),
+                           A.resize_weights(start, length, in_size, out_size))
+        direct = A.resize_weights(start, length, in_size, out_size, flip)
+        assert torch.equal(A.crop_weights(start, length, in_size, out_size, flip), direct)
+        assert torch.equal(direct[flip], A.resize_weights(start, length, in_size, out_size)[flip].flip(1))
+
+
+def test_grayscale_forms_agree():
+    x = images(50)
+    gray = torch.rand(50, generator=torch.Generator().manual_seed(0)) < 0.3
+    assert torch.equal(A.grayscale(x, gray), torch.where(gray[:, None, None, None], A.luma(x).expand_as(x), x))
+    assert torch.equal(A.grayscale(x, gray), A._pick(gray, A.luma(x), x))
 
 
 def test_cpu_and_device_pipelines_agree_on_digits_statistics():
