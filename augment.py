@@ -238,18 +238,41 @@ def color_jitter(images, factors, order, apply, sync_free=None):
     """The four colour operations in each image's own order, on the images where ``apply`` is true.
 
     On a CPU the rows are grouped by their order (:func:`jitter_groups`; each group's four operations run on its
-    contiguous rows: least arithmetic); on an accelerator every operation runs on every row at each of the 16
-    (position, operation) slots and ``where`` keeps the right ones, which needs no host synchronization
-    (selecting rows would wait for the GPU). Both give each image the arithmetic it would get alone.
-    ``sync_free``: force one form (default: the second on any device but the CPU)."""
+    contiguous rows: least arithmetic); on an accelerator (:func:`_color_jitter_masked`) every pass runs on every
+    row and a 0/1 mask keeps the right ones, which needs no host synchronization (selecting rows would wait for
+    the GPU). Both give each image the arithmetic it would get alone. ``sync_free``: force one form (default:
+    the second on any device but the CPU)."""
     sync_free = images.device.type != 'cpu' if sync_free is None else sync_free
     if not sync_free:
         return _color_jitter_grouped(images, factors, order, apply)
+    return _color_jitter_masked(images, factors, order, apply)
+
+
+def _blend_pass(images, ops, factors, chosen):
+    """One of brightness (0), contrast (1) or saturation (2) per row (``ops`` ``[N]``), on the rows ``chosen``:
+    all three are ``clamp(f x + (1 - f) g)`` with ``g`` = 0, the mean gray level or the gray image, so one pass
+    does all three, each row's arithmetic that of its own operation alone (``g = mean m_c + gray m_s`` is exact
+    for 0/1 masks)."""
+    f = factors.gather(1, ops[:, None])[:, :, None, None]
+    gray = luma(images)
+    g = gray.mean((1, 2, 3), keepdim=True) * (ops == 1).to(images.dtype)[:, None, None, None] \
+        + gray * (ops == 2).to(images.dtype)[:, None, None, None]
+    return _pick(chosen, (f * images + (1 - f) * g).clamp(0, 1), images)
+
+
+def _color_jitter_masked(images, factors, order, apply):
+    """:func:`color_jitter`'s accelerator form: each image's blends before its hue (3 masked passes), the hue
+    once (the expensive operation, on every row), then its blends after the hue (3 passes): 6 cheap passes and 1
+    hue instead of all four operations at each of the four positions. Fixed shapes throughout."""
+    hue = len(JITTER_OPS) - 1
+    hue_at = (order == hue).to(torch.int8).argmax(1)                          # the hue's position in the order
+    blends = order.gather(1, torch.argsort((order == hue).to(torch.int8), dim=1, stable=True)[:, :hue])   # [N, 3]
     out = images
-    for position in range(4):
-        for op_index, op in enumerate(JITTER_OPS):
-            chosen = apply & (order[:, position] == op_index)
-            out = torch.where(chosen[:, None, None, None], op(out, factors[:, op_index]), out)
+    for k in range(hue):                                                        # blends before the hue
+        out = _blend_pass(out, blends[:, k], factors, apply & (hue_at > k))
+    out = _pick(apply, adjust_hue(out, factors[:, hue]), out)
+    for k in range(hue):                                                        # blends after it
+        out = _blend_pass(out, blends[:, k], factors, apply & (hue_at <= k))
     return out
 
 
@@ -411,7 +434,7 @@ class DeviceLoader:
         images, targets = in_memory_images(dataset)
         self.dataset, self.n_views, self.with_ids = dataset, n_views, isinstance(dataset, IndexedDataset)
         self.images = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(opt.device)
-        self.labels = torch.as_tensor(targets, dtype=torch.long, device=opt.device)
+        self.labels = torch.as_tensor(targets, dtype=torch.long)     # on the host, as a DataLoader yields them
         self.train = kind != 'eval'
         self.batch_size = opt.local_batch_size if self.train else opt.batch_size
         self.seed, self.epoch = opt.seed, 0
@@ -426,17 +449,17 @@ class DeviceLoader:
         self.epoch = epoch
 
     def indices(self):
-        """This process's indices of the epoch: ``DistributedSampler``'s shuffle, padding and shard."""
+        """This process's indices of the epoch, on the host: ``DistributedSampler``'s shuffle, padding and shard."""
         n = self.images.shape[0]
         if not self.train:
-            return torch.arange(n, device=self.images.device)
+            return torch.arange(n)
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
         order = torch.randperm(n, generator=g)
         total = math.ceil(n / self.world_size) * self.world_size
         if total > n:
             order = torch.cat([order, order[:total - n]])
-        return order[self.rank:total:self.world_size].to(self.images.device)
+        return order[self.rank:total:self.world_size]
 
     def __len__(self):
         return math.ceil(math.ceil(self.images.shape[0] / self.world_size) / self.batch_size)
@@ -446,10 +469,14 @@ class DeviceLoader:
         return out.contiguous(memory_format=torch.channels_last) if self.channels_last else out
 
     def __iter__(self):
+        """Batches as a DataLoader yields them: images on the device; labels and dataset ids on the host, where
+        the losses build what depends on their values without waiting for the device (the epoch's order is
+        copied to the device once)."""
         order = self.indices()
+        on_device = order.to(self.images.device, non_blocking=True)
         for start in range(0, order.shape[0], self.batch_size):
             idx = order[start:start + self.batch_size]
-            x = self.images[idx]
+            x = self.images[on_device[start:start + self.batch_size]]
             if self.n_views:                     # all views in one call: bigger groups, fewer operations
                 images = list(self._augmented(x.repeat(self.n_views, 1, 1, 1)).chunk(self.n_views))
             else:

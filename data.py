@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
+import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import datasets, transforms
@@ -371,9 +372,12 @@ def build_loader(opt, dataset, train, kind=None, n_views=None):
     if train and opt.world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=opt.world_size, rank=opt.rank, shuffle=True,
                                      seed=opt.seed, drop_last=False)
+    # an evaluation loader draws its workers' seed from a generator of its own, not from the global RNG: a pass of
+    # the kNN monitor must not move the training run's random numbers
     return DataLoader(dataset, batch_size=opt.local_batch_size if train else opt.batch_size,
                       shuffle=train and sampler is None, sampler=sampler, num_workers=opt.num_workers,
-                      pin_memory=opt.device.type == 'cuda', drop_last=False)
+                      pin_memory=opt.device.type == 'cuda', drop_last=False,
+                      generator=None if train else torch.Generator().manual_seed(0))
 
 
 def split_train_val(targets, val_fraction, seed):

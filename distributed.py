@@ -124,6 +124,15 @@ def gather(x):
 
 
 @torch.no_grad()
+def gather_labels(x, device):
+    """Labels or dataset ids ``[n]`` of this process -> those of the global batch ``[W * n]``. In one process
+    ``x`` itself, wherever it is: a loader's host tensor stays on the host, where the losses build their
+    class structure without waiting for the device. Under torchrun they are gathered on ``device`` (the losses
+    then read them back once: one host synchronization per step that one process does not have)."""
+    return x if world_size() == 1 else gather(x.to(device))
+
+
+@torch.no_grad()
 def broadcast(x, src=0):
     """``x`` of rank ``src`` on every rank (in place); ``x`` itself in one process."""
     if world_size() > 1:
@@ -142,13 +151,19 @@ def all_reduce_sum(x):
 
 @torch.no_grad()
 def all_reduce_grads(model):
-    """Average every parameter gradient over processes (what DDP does in its backward)."""
+    """Average every parameter gradient over processes (what DDP does in its backward), in one all-reduce of the
+    gradients flattened into one buffer per dtype (not one call per parameter)."""
     if world_size() == 1:
         return
+    by_dtype = {}
     for p in model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad.div_(world_size())
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat.div_(world_size())
+        torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(flat.split([g.numel() for g in grads]), grads)])
 
 
 @torch.no_grad()

@@ -9,14 +9,15 @@ import time
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 
+from losses import cross_entropy
 from checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from monitors import CollapseWatch
 from distributed import all_gather_object, all_reduce_sum, barrier, init_distributed, is_main, rank, world_size
 from options import config_dict, resume_conflicts
-from util import (RUN, AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast, get_rng_state, progress,
-                  keep_freed_memory, resolve_device, set_rng_state, set_seed, to_device, warmup_learning_rate)
+from util import (GENERATORS, RUN, AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast, get_rng_state,
+                  keep_freed_memory, progress, rank_rng_state, resolve_device, set_deterministic, set_rng_state,
+                  set_seed, to_device, warmup_learning_rate)
 
 
 def setup(opt, run_folder=True):
@@ -25,7 +26,10 @@ def setup(opt, run_folder=True):
     it can be written (``run_folder=False``: skip both, for tests); resolve ``--device``; under torchrun
     join the process group (this rank's device, the local batch, other ranks' stdout silenced); seed
     this process (``seed + rank``: each process augments differently, DDP syncs the weights)."""
+    set_deterministic(opt.deterministic)        # before the first CUDA call (cuBLAS reads its workspace setting)
     opt.device = resolve_device(opt.device)
+    if opt.device.type == 'cuda' and opt.device.index is not None:
+        torch.cuda.set_device(opt.device)       # the device whose RNG state checkpoints hold
     if opt.device.type == 'cpu' and opt.augment == 'device':
         keep_freed_memory()                 # the batched augmentation's temporaries without a page fault at each use
     if run_folder:
@@ -69,40 +73,93 @@ def prepare_run_folder(opt):
     RUN['folder'] = folder
 
 
+class ScaledBackward:
+    """``backward(loss)`` of a training step: the ``GradScaler``-scaled backward (``--amp fp16``; plain otherwise).
+    :meth:`scale` is the factor it multiplies by, as a device tensor (``None`` without a scaler), for code that
+    takes gradients itself (CARROT's balance): gradients of the scaled loss do not underflow in float16."""
+
+    def __init__(self, scaler):
+        self.scaler = scaler
+
+    def __call__(self, loss):
+        self.scaler.scale(loss).backward()
+
+    def scale(self, device):
+        if not self.scaler.is_enabled():
+            return None
+        return self.scaler.scale(torch.ones((), device=device))      # the scale itself, read without a sync
+
+
+MAX_SKIPPED_STEPS = 25    # --amp fp16: this many steps skipped in a row end the run (the scale fell by 2^25)
+
+
 def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
     """One epoch of ``step(batch, backward) -> (loss, batch size, {name: scalar tensor})``.
 
-    The step back-propagates by calling ``backward(loss)`` (the ``GradScaler``-scaled backward) itself,
-    once or in parts (gradient caching); the loop zeroes the gradients before it and steps the optimizer
-    after it. The loss and the step's statistics are read back to the host once per step.
+    The step back-propagates by calling ``backward(loss)`` (a :class:`ScaledBackward`) itself, once or in parts
+    (gradient caching); the loop zeroes the gradients before it and steps the optimizer after it. The host
+    reads a step's loss and statistics once, after the next step has been queued (so an accelerator never
+    waits for the host between steps); nothing else in a step waits for the device.
+
+    ``--amp fp16``: a step whose gradients are not finite is skipped by the ``GradScaler`` (which lowers its
+    scale); such steps are counted (``train/amp/skipped``), left out of the epoch means, and the run stops
+    with one line after ``MAX_SKIPPED_STEPS`` in a row. Without fp16 a non-finite loss stops the run at once.
     Returns the epoch means.
     """
     meters = defaultdict(AverageMeter)
     if hasattr(loader.sampler, 'set_epoch'):
         loader.sampler.set_epoch(epoch)    # DistributedSampler: a new shuffle every epoch
     bar = progress(loader, f'{desc} epoch {epoch}')
+    backward = ScaledBackward(scaler)
+    fp16 = scaler.is_enabled()
+    state = {'pending': None, 'skipped': 0, 'in_a_row': 0}
     start = time.time()
-    for idx, batch in enumerate(bar):
-        warmup_learning_rate(opt, epoch, idx, len(loader), optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        loss, n, stats = step(batch, lambda value: scaler.scale(value).backward())
-        scaler.step(optimizer)
-        scaler.update()
-        names = ['loss'] + list(stats)
-        values = torch.stack([loss.detach().float()] + [torch.as_tensor(v, dtype=torch.float32,
-                                                                         device=loss.device).detach()
-                                                        for v in stats.values()])
-        values = (all_reduce_sum(values) / world_size()).tolist()   # the mean over processes
-        if not math.isfinite(values[0]):
-            raise UserError(f'the loss became {values[0]} at epoch {epoch}, iteration {idx + 1}; '
-                            'lower --learning_rate (or use --amp none)')
+
+    def read(pending):
+        """The host's one read of a step's values: meters, the skip count, the progress line."""
+        idx, n, names, values = pending
+        values = values.tolist()
+        skipped = values.pop() > 0 if fp16 else False
+        if skipped or not math.isfinite(values[0]):
+            if not fp16:
+                raise UserError(f'the loss became {values[0]} at epoch {epoch}, iteration {idx + 1}; '
+                                'lower --learning_rate (or use --amp none)')
+            state['skipped'] += 1
+            state['in_a_row'] += 1
+            if state['in_a_row'] >= MAX_SKIPPED_STEPS:
+                raise UserError(f'{MAX_SKIPPED_STEPS} steps in a row had non-finite gradients under --amp fp16 '
+                                f'(epoch {epoch}, iteration {idx + 1}; the loss is {values[0]}); use --amp bf16 or '
+                                'none, or lower --learning_rate')
+            return
+        state['in_a_row'] = 0
         for name, value in zip(names, values):
             meters[name].update(value, n)
         if bar.disable and (idx + 1) % opt.print_freq == 0:
             print(f'{desc}: [{epoch}][{idx + 1}/{len(loader)}]\tloss {meters["loss"].avg:.4f}', flush=True)
         elif not bar.disable:
             bar.set_postfix(loss=f'{meters["loss"].avg:.4f}')
+
+    for idx, batch in enumerate(bar):
+        warmup_learning_rate(opt, epoch, idx, len(loader), optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        loss, n, stats = step(batch, backward)
+        scale_before = backward.scale(loss.device) if fp16 else None
+        scaler.step(optimizer)
+        scaler.update()
+        names = ['loss'] + list(stats)
+        values = [loss.detach().float()] + [torch.as_tensor(v, dtype=torch.float32, device=loss.device).detach()
+                                            for v in stats.values()]
+        values = all_reduce_sum(torch.stack(values)) / world_size()      # the mean over processes
+        if fp16:     # the scaler lowers its scale exactly when it skips the step
+            values = torch.cat([values, (backward.scale(loss.device) < scale_before).float()[None]])
+        if state['pending'] is not None:
+            read(state['pending'])
+        state['pending'] = (idx, n, names, values)
+    if state['pending'] is not None:
+        read(state['pending'])
     out = {f'train/{k}': m.avg for k, m in meters.items()}
+    if fp16:
+        out['train/amp/skipped'] = state['skipped']
     out['train/epoch_time'] = time.time() - start
     return out
 
@@ -110,15 +167,38 @@ def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
 SHOT_GROUPS = {'many': (101, None), 'medium': (20, 100), 'few': (0, 19)}   # training samples per class
 
 
+class CalibrationBins:
+    """The expected calibration error (L1) over ``n_bins`` equal-width confidence bins, accumulated on ``device``:
+    ``ECE = sum_b |sum_{i in b} 1[correct_i] - sum_{i in b} conf_i| / N`` with ``conf_i`` the top probability and
+    bin ``b`` holding ``conf`` in ``(b / n, (b + 1) / n]`` (torchmetrics' ``MulticlassCalibrationError`` binning,
+    which it equals up to rounding). Per-bin sums are one-hot products in float64: deterministic, fixed shapes."""
+
+    def __init__(self, n_bins, device):
+        self.edges = torch.linspace(0, 1, n_bins + 1, device=device)
+        self.sums = torch.zeros(2, n_bins + 1, dtype=torch.float64, device=device)   # correct, confidence
+        self.count = torch.zeros((), dtype=torch.float64, device=device)
+
+    def update(self, probs, labels):
+        conf, pred = probs.max(1)
+        bins = torch.bucketize(conf, self.edges, right=True) - 1            # conf == 1 gets its own last bin
+        members = (bins[:, None] == torch.arange(self.sums.shape[1], device=bins.device)).double()
+        self.sums += torch.stack([(pred == labels).double(), conf.double()]) @ members
+        self.count += labels.shape[0]
+
+    def compute(self):
+        return float((self.sums[0] - self.sums[1]).abs().sum() / self.count.clamp(min=1))
+
+
 @torch.no_grad()
 def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
     """Over ``loader``: the cross-entropy loss (``<prefix>/nll``), top-1 accuracy, the expected calibration error
-    (15 equal-width confidence bins, torchmetrics) of ``predict(images) -> logits``, and the
-    per-class accuracy (a list under ``<prefix>/per_class_acc``). With ``class_counts`` (training
-    samples per class) also many-shot (> 100), medium-shot (20-100) and few-shot (< 20) accuracy:
-    over the test samples of the classes in each group (groups without classes are left out)."""
-    from torchmetrics.classification import MulticlassCalibrationError
-    ece = MulticlassCalibrationError(num_classes=num_classes, n_bins=15, norm='l1').to(opt.device)
+    (:class:`CalibrationBins`: 15 equal-width confidence bins, as torchmetrics' ``MulticlassCalibrationError``) of
+    ``predict(images) -> logits``, and the per-class accuracy (a list under ``<prefix>/per_class_acc``). With
+    ``class_counts`` (training samples per class) also many-shot (> 100), medium-shot (20-100) and few-shot (< 20)
+    accuracy: over the test samples of the classes in each group (groups without classes are left out).
+    Everything accumulates on the device in fixed shapes and is read once, after the last batch."""
+    ece = CalibrationBins(15, opt.device)
+    classes = torch.arange(num_classes, device=opt.device)
     totals = torch.zeros(2, dtype=torch.float64, device=opt.device)   # summed NLL, correct; read once
     per_class = torch.zeros(2, num_classes, dtype=torch.float64, device=opt.device)   # correct, seen
     for images, labels in progress(loader, f'eval {prefix}'):
@@ -127,13 +207,13 @@ def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
             logits = predict(images)
         logits = logits.float()
         hit = logits.argmax(1) == labels
-        totals += torch.stack([F.cross_entropy(logits, labels, reduction='sum'), hit.sum()]).double()
-        per_class[0] += torch.bincount(labels[hit], minlength=num_classes).double()
-        per_class[1] += torch.bincount(labels, minlength=num_classes).double()
+        totals += torch.stack([cross_entropy(logits, labels, reduction='sum'), hit.sum()]).double()
+        members = (labels[:, None] == classes).double()                  # [n, C]: no bincount, no atomics
+        per_class += torch.stack([(members * hit[:, None]).sum(0), members.sum(0)])
         ece.update(logits.softmax(1), labels)
     (loss_sum, correct), (hits, seen) = totals.tolist(), per_class.tolist()
     count = sum(seen)
-    out = {f'{prefix}/acc': 100.0 * correct / count, f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': float(ece.compute()),
+    out = {f'{prefix}/acc': 100.0 * correct / count, f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': ece.compute(),
            f'{prefix}/per_class_acc': [100.0 * h / n if n else float('nan') for h, n in zip(hits, seen)]}
     for group, (lo, hi) in (SHOT_GROUPS.items() if class_counts is not None else ()):
         members = [c for c, n in enumerate(class_counts) if n >= lo and (hi is None or n <= hi)]
@@ -143,22 +223,27 @@ def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
     return out
 
 
-def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, extra=None):
+def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, extra=None, scaler=None):
     """Run epochs ``1..opt.epochs`` (or continue from ``--resume``).
 
     ``train_epoch(epoch)`` and ``evaluate_epoch(epoch)`` return metric dicts;
     ``select`` names the metric whose maximum picks the best epoch; ``extra`` maps
     names to objects with ``state_dict``/``load_state_dict`` (loss buffers, ...)
-    saved in and restored from checkpoints. ``<run>/last.pth`` is written every
+    saved in and restored from checkpoints; ``scaler``: the ``GradScaler`` (its scale travels
+    in checkpoints under ``--amp fp16``). ``<run>/last.pth`` is written every
     epoch, ``ckpt_epoch_N.pth`` every ``--save_freq`` epochs. Returns
     ``(last metrics, best metrics)``.
 
     Under torchrun, ``model`` is the unwrapped module; every process resumes from the same
-    checkpoint (its own RNG state from the saved list), and only rank 0 logs and writes.
+    checkpoint (its own RNG state from the saved list), and only rank 0 logs and writes. What cannot
+    be restored exactly on this machine (RNG states of other devices or another number of processes,
+    a scaler state of a run without fp16) is re-seeded or started afresh, with a notice printed and
+    written to ``<run>/warnings.txt``.
     """
     extra = extra or {}
     start, best = 1, None
     watch = CollapseWatch()
+    notices = []
     if opt.resume:
         ckpt = load_checkpoint(opt.resume, 'checkpoint for --resume')    # checked by setup (check_resume)
         load_model_state(model, ckpt, opt, opt.resume)
@@ -166,15 +251,23 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
             optimizer.load_state_dict(ckpt['optimizer'])
             for name, obj in extra.items():
                 obj.load_state_dict(ckpt['extra'][name])
-            ranks = ckpt.get('rng_ranks')
-            set_rng_state(ranks[rank()] if ranks and len(ranks) == world_size() else ckpt['rng'])
             start, best = ckpt['epoch'] + 1, ckpt.get('best')
+            notices += resume_rng(opt, ckpt, start)
+            if scaler is not None and scaler.is_enabled():
+                if ckpt.get('scaler'):
+                    scaler.load_state_dict(ckpt['scaler'])
+                else:
+                    notices.append('the fp16 loss scale starts afresh (the checkpoint holds no GradScaler state)')
             if 'collapse_watch' in ckpt:
                 watch.load_state_dict(ckpt['collapse_watch'])
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise UserError(f'{opt.resume} cannot be resumed: {str(e).splitlines()[0][:200]}') from None
         print(f'resumed from {opt.resume} at epoch {start - 1}')
     logger = RunLogger(opt.run_folder, start) if is_main() else None
+    for notice in notices:
+        print(f'note: {notice}', flush=True)
+        if logger is not None:
+            logger.note(start - 1, f'on resume: {notice}')
     metrics = {}
     for epoch in range(start, opt.epochs + 1):
         adjust_learning_rate(opt, optimizer, epoch)
@@ -199,6 +292,8 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
                  'config': config_dict(opt), 'rng': rng[0], 'best': best,
                  'extra': {name: obj.state_dict() for name, obj in extra.items()},
                  'collapse_watch': watch.state_dict()}
+        if scaler is not None and scaler.is_enabled():
+            state['scaler'] = scaler.state_dict()
         if len(rng) > 1:
             state['rng_ranks'] = rng
         save_checkpoint(os.path.join(opt.run_folder, 'last.pth'), state)
@@ -208,6 +303,19 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
         logger.close()
     barrier()     # the checkpoint is on disk before any process returns
     return metrics, best
+
+
+def resume_rng(opt, ckpt, start):
+    """Restore this process's RNG states from ``ckpt``; returns the notices of what had to be re-seeded (seeded
+    from ``--seed``, the rank and the epoch the run continues with, so a re-seeded resume is reproducible too)."""
+    reseed = opt.seed + 1_000_003 * start + 7_919 * rank()
+    state, why = rank_rng_state(ckpt, rank(), world_size())
+    if state is None:
+        set_seed(reseed)
+        for g in GENERATORS.values():
+            g.manual_seed(reseed % 2 ** 63)
+        return [f'every RNG re-seeded ({why})']
+    return set_rng_state(state, reseed)
 
 
 def write_results(opt, last, best, select, **extra):

@@ -42,31 +42,44 @@ def extract_features(opt, encoder, loader):
 
 def top_k_neighbours(sims, k):
     """Indices ``[n, k]`` of the ``k`` largest entries of each row of ``sims`` ``[n, N]``, in increasing index
-    order. Ties at the k-th value go to the lowest training index, so the neighbours do not depend on how a
-    device's ``topk`` orders equal values (equal similarities are common: duplicated images)."""
-    kth = sims.topk(k, dim=1).values[:, -1:]
-    above = sims > kth
-    ties = sims == kth
-    chosen = above | (ties & (ties.cumsum(1) <= k - above.sum(1, keepdim=True)))
-    return chosen.nonzero()[:, 1].reshape(sims.shape[0], k)
+    order. Ties at the k-th value go to the lowest training index (a stable sort keeps equal values in index
+    order), so the neighbours do not depend on how a device's ``topk`` orders equal values (equal similarities
+    are common: duplicated images). Fixed shapes: no host synchronization."""
+    order = torch.sort(sims, dim=1, descending=True, stable=True).indices[:, :k]
+    return order.sort(dim=1).values
+
+
+KNN_MEMORY_BUDGET = 256 * 2 ** 20   # bytes of the per-chunk work ([rows, N] similarities and their sort)
+
+
+def knn_chunk_rows(n_train, k, num_classes, budget=KNN_MEMORY_BUDGET):
+    """Test rows per chunk so that a chunk's work stays within ``budget`` bytes: per row, the ``[N]`` float32
+    similarities, their sorted copy and its int64 indices (16 bytes per training sample) and the ``[k, C]``
+    float32 votes with their class matches (5 bytes per entry); at least one row."""
+    return max(1, budget // (16 * max(1, n_train) + 5 * k * num_classes))
 
 
 @torch.no_grad()
-def knn_predict(train_feats, train_labels, test_feats, num_classes, k=200, t=0.1, chunk=1024):
+def knn_predict(train_feats, train_labels, test_feats, num_classes, k=200, t=0.1, chunk=None):
     """Predicted classes ``[M]`` of ``test_feats`` ``[M, D]`` from ``train_feats`` ``[N, D]`` (both
-    L2-normalized) and ``train_labels`` ``[N]``: ``argmax_c sum_{j in topk(i)} exp(s_ij / t) [y_j = c]``.
+    L2-normalized) and ``train_labels`` ``[N]``: ``argmax_c sum_{j in topk(i)} exp((s_ij - max_j s_ij) / t) [y_j = c]``
+    (the row maximum is subtracted so that a small ``t`` cannot overflow; the argmax is unchanged).
 
     ``k`` is capped at N. Deterministic on every device: ties at the k-th similarity go to the lowest
     training index (:func:`top_k_neighbours`), votes are summed in index order (no atomic scatter), and a
-    tie between classes goes to the lowest class. Rows are processed ``chunk`` at a time ([chunk, N]).
+    tie between classes goes to the lowest class. Rows are processed ``chunk`` at a time (default: within
+    ``KNN_MEMORY_BUDGET``, :func:`knn_chunk_rows`), so memory does not grow with the test split.
     """
     k = min(k, train_feats.shape[0])
+    chunk = chunk or knn_chunk_rows(train_feats.shape[0], k, num_classes)
+    classes = torch.arange(num_classes, device=train_labels.device)
     preds = []
     for start in range(0, test_feats.shape[0], chunk):
         sims = test_feats[start:start + chunk] @ train_feats.T
         top_idx = top_k_neighbours(sims, k)
-        weights = (sims.gather(1, top_idx) / t).exp()
-        votes = (F.one_hot(train_labels[top_idx], num_classes).to(weights.dtype) * weights[:, :, None]).sum(1)
+        top = sims.gather(1, top_idx)
+        weights = ((top - top.max(1, keepdim=True).values) / t).exp()
+        votes = ((train_labels[top_idx][:, :, None] == classes).to(weights.dtype) * weights[:, :, None]).sum(1)
         preds.append(votes.argmax(1))
     return torch.cat(preds)
 

@@ -42,20 +42,32 @@ def flatten_views(features):
     return features.transpose(0, 1).reshape(n_views * bsz, -1), bsz, n_views
 
 
-def class_blocks(labels):
+def on_host(x):
+    """``x`` on the CPU: ``x`` itself when it is there already (labels and dataset ids as a loader yields them),
+    else a copy, which makes the host wait for the device (pass host tensors to avoid it)."""
+    return x if x.device.type == 'cpu' else x.cpu()
+
+
+def class_blocks(labels, device=None):
     """Rows grouped by class, each class padded to the largest: ``(rows, present, counts)``.
 
     ``rows`` ``[C, K]`` row indices (padding clamped to 0), ``present`` ``[C, K]`` (not padding),
     ``counts`` ``[C]`` class sizes. Same-class (positive) pairs are exactly the pairs inside a
     block, so pair-wise work on positives costs ``sum_c n_c^2`` instead of ``n^2``.
+
+    The shapes depend on the labels' values, so the blocks are built on the host (``labels`` as given when on
+    the CPU, else copied there) and ``rows``/``present`` are then copied to ``device`` (default: the labels'),
+    without waiting; ``counts`` stays on the host.
     """
+    device = labels.device if device is None else device
+    labels = on_host(labels)
     order = torch.argsort(labels, stable=True)
     _, class_of, counts = torch.unique(labels[order], return_inverse=True, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(labels.shape[0], device=labels.device) - starts[class_of]
     members = torch.full((counts.shape[0], int(counts.max())), -1, dtype=torch.long, device=labels.device)
     members[class_of, slot] = order
-    return members.clamp(min=0), members >= 0, counts
+    return members.clamp(min=0).to(device, non_blocking=True), (members >= 0).to(device, non_blocking=True), counts
 
 
 def block_pairs(present):
@@ -80,6 +92,7 @@ def sample_positives(bsz, device, labels=None, mask=None):
         labels = labels.reshape(-1)
         if labels.shape[0] != bsz:
             raise ValueError('Num of labels does not match num of features')
+        labels = labels.to(device, non_blocking=True)
         return labels[:, None] == labels[None, :]
     if mask is None:
         return torch.eye(bsz, dtype=torch.bool, device=device)
@@ -146,6 +159,8 @@ class SupConLoss(Loss):
             raise ValueError('Cannot define both `labels` and `mask`')
         if queue is not None and mask is not None:
             raise ValueError('a queue needs labels (or neither, SimCLR), not a mask')
+        if labels is not None:
+            labels = labels.to(features.device, non_blocking=True)   # labels may come from the host
         with torch.autocast(device_type=features.device.type, enabled=False):
             contrast = upcast(contrast)
             n_rows = contrast.shape[0]
@@ -179,28 +194,28 @@ class SupConLoss(Loss):
 
 
 def queue_positive_sums(labels, queue, q_feat):
-    """Per sample ``b``: the sum of the valid queue keys with ``b``'s label ``[B, D]`` and their count ``[B]``,
-    through the batch's classes (``[C, K]`` matches, no ``[M, K]`` mask)."""
-    classes, inverse = torch.unique(labels.reshape(-1), return_inverse=True)
-    same = ((queue.label[None, :] == classes[:, None]) & queue.valid[None, :]).to(q_feat.dtype)   # [C, K]
-    return (same @ q_feat)[inverse], same.sum(1)[inverse]
+    """Per sample ``b``: the sum of the valid queue keys with ``b``'s label ``[B, D]`` and their count ``[B]``, as
+    one product of the ``[B, K]`` label-match matrix with the keys (deterministic, fixed shapes: no host sync)."""
+    same = ((labels.reshape(-1, 1) == queue.label[None, :]) & queue.valid[None, :]).to(q_feat.dtype)   # [B, K]
+    return same @ q_feat, same.sum(1)
 
 
 def positive_sums(sample_sum, labels=None, mask=None):
     """Per sample ``b``: ``(sum_j w_bj s_j [B, D], sum_j w_bj [B], w_bb [B])`` with ``s_j`` the sum of sample
     ``j``'s view rows (``sample_sum``) and ``w`` the positive weights of :func:`sample_positives`.
 
-    With ``labels`` the sums are per class (``O(B D)``: no ``[B, B]`` matrix); with neither labels nor
-    mask (SimCLR) a sample is its own only positive; a ``mask`` is used as given (``[B, B] @ [B, D]``).
+    With ``labels`` the class sums come from one ``[B, B]`` label-match product (``O(B^2 D)``, a quarter of the
+    ``V = 2`` logits' cost; deterministic on every device, unlike an atomic ``index_add``, and free of host
+    synchronizations, unlike ``unique``); with neither labels nor mask (SimCLR) a sample is its own only
+    positive; a ``mask`` is used as given (``[B, B] @ [B, D]``).
     """
     bsz = sample_sum.shape[0]
     if labels is not None:
         labels = labels.reshape(-1)
         if labels.shape[0] != bsz:
             raise ValueError('Num of labels does not match num of features')
-        classes, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-        class_sum = sample_sum.new_zeros(classes.shape[0], sample_sum.shape[1]).index_add(0, inverse, sample_sum)
-        return class_sum[inverse], counts[inverse].to(sample_sum.dtype), sample_sum.new_ones(bsz)
+        same = (labels[:, None] == labels[None, :]).to(sample_sum.dtype)
+        return same @ sample_sum, same.sum(1), sample_sum.new_ones(bsz)
     if mask is None:
         ones = sample_sum.new_ones(bsz)
         return sample_sum, ones, ones
@@ -208,6 +223,14 @@ def positive_sums(sample_sum, labels=None, mask=None):
         raise ValueError(f'`mask` must be [{bsz}, {bsz}], got {list(mask.shape)}')
     mask = mask.to(device=sample_sum.device, dtype=sample_sum.dtype)
     return mask @ sample_sum, mask.sum(1), mask.diagonal()
+
+
+def cross_entropy(logits, labels, reduction='mean'):
+    """``-log softmax(logits)[label]`` per row ``[N, C]``, ``[N]``, then mean or sum (``reduction``): the same value
+    as ``F.cross_entropy``, written with ``log_softmax`` and ``gather`` because CUDA's ``nll_loss`` has no
+    deterministic kernel (``--deterministic`` refuses it). Computed in float32 for half inputs."""
+    per_row = -upcast(logits).log_softmax(1).gather(1, labels.reshape(-1, 1)).squeeze(1)
+    return per_row.sum() if reduction == 'sum' else per_row.mean()
 
 
 class NTLogisticLoss(Loss):

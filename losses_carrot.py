@@ -8,18 +8,24 @@ STAT_NAMES = ('L', 'U', 'num_pos', 'num_neg', 'pos_mean', 'pos_max', 'frac_pos_a
               'reg')
 
 
-def pair_quantiles(values, valid, qs, count=None, bins=4096):
+def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
     """Linear-interpolation quantiles (``torch.quantile``'s default) of the ordered-pair multiset.
 
     ``values`` ``[n, n]`` symmetric with entries in ``[-1, 1]`` (cosine similarities), ``valid``
     ``[n, n]`` symmetric bool with a zero diagonal. Each unordered pair appears twice among the
     ordered pairs, so the k-th smallest ordered value is the (k // 2)-th smallest unordered one and
     the selection runs on the upper triangle. Exact, with no size cap (``torch.quantile`` refuses
-    more than 2**24 elements): one histogram of ``bins`` buckets locates every order statistic
-    needed (both quantiles and their interpolation neighbours), then ``kthvalue`` runs on the few
-    values of those buckets. ``count``: the number of valid unordered pairs, if known on the host.
+    more than 2**24 elements). ``count``: the number of valid unordered pairs, if known on the host.
     Returns a tensor of ``len(qs)`` values.
+
+    Two forms select the same order statistics (so they return the same numbers, by definition): on a CPU
+    (``sync_free`` false, the default there) one histogram of ``bins`` buckets locates every order statistic
+    needed (both quantiles and their interpolation neighbours), then ``kthvalue`` runs on the few values of
+    those buckets (about 4x faster than the other form here); elsewhere (``sync_free``, the default on an
+    accelerator) ``kthvalue`` runs on the whole upper triangle, invalid entries set to ``+inf``, so nothing
+    is read back to the host (``count`` must then be given, or it is read once).
     """
+    sync_free = values.device.type != 'cpu' if sync_free is None else sync_free
     upper = valid.triu(1)
     if count is None:
         count = int(upper.sum())
@@ -29,20 +35,26 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096):
         pos = q * (n_ordered - 1)                                 # position among ordered pairs
         lo = min(int(pos), n_ordered - 1)
         plans.append((lo // 2, min(lo + 1, n_ordered - 1) // 2, pos - lo))
-    # bucket ids: truncation is floor for values >= -1; invalid entries go to the extra bucket `bins`
-    ids = ((values + 1) * (bins / 2)).to(torch.int32).clamp_(0, bins - 1).masked_fill_(~upper, bins)
-    ids = ids.flatten()
-    cum = torch.bincount(ids, minlength=bins + 1)[:bins].cumsum(0)
     ranks = sorted({r for a, b, _ in plans for r in (a, b)})
-    where = torch.searchsorted(cum, torch.tensor(ranks, device=cum.device), right=True)
-    before = torch.cat([cum.new_zeros(1), cum])[where]          # values in lower buckets
-    where, before = where.tolist(), before.tolist()
-    flat = values.flatten()
-    found, cache = {}, {}
-    for r, bucket, n_below in zip(ranks, where, before):
-        if bucket not in cache:
-            cache[bucket] = flat[ids == bucket]
-        found[r] = torch.kthvalue(cache[bucket], r - n_below + 1).values
+    found = {}
+    if sync_free:
+        flat = values.masked_fill(~upper, float('inf')).flatten()
+        for r in ranks:
+            found[r] = torch.kthvalue(flat, r + 1).values
+    else:
+        # bucket ids: truncation is floor for values >= -1; invalid entries go to the extra bucket `bins`
+        ids = ((values + 1) * (bins / 2)).to(torch.int32).clamp_(0, bins - 1).masked_fill_(~upper, bins)
+        ids = ids.flatten()
+        cum = torch.bincount(ids, minlength=bins + 1)[:bins].cumsum(0)
+        where = torch.searchsorted(cum, torch.tensor(ranks, device=cum.device), right=True)
+        before = torch.cat([cum.new_zeros(1), cum])[where]          # values in lower buckets
+        where, before = where.tolist(), before.tolist()
+        flat = values.flatten()
+        cache = {}
+        for r, bucket, n_below in zip(ranks, where, before):
+            if bucket not in cache:
+                cache[bucket] = flat[ids == bucket]
+            found[r] = torch.kthvalue(cache[bucket], r - n_below + 1).values
     return torch.stack([found[a] + (found[b] - found[a]) * frac for a, b, frac in plans])
 
 
@@ -79,9 +91,11 @@ class CARROT(Loss):
         with torch.autocast(device_type=h.device.type, enabled=False):
             z = F.normalize(h.float(), dim=1)
             n = z.shape[0]
-            rows, present, counts = class_blocks(y)
-            sq = (counts * counts).sum()
-            num_pos, num_neg = torch.stack([sq - n, n * n - sq]).tolist()   # ordered pairs; one host sync
+            # the class structure from the labels on the host (no wait when they come from there)
+            rows, present, counts = class_blocks(y, h.device)
+            sq = int((counts * counts).sum())
+            num_pos, num_neg = sq - n, n * n - sq                            # ordered pairs
+            y = y.to(h.device, non_blocking=True)
             zero = z.new_zeros(())
             if num_pos == 0 or num_neg == 0:
                 reg = (z * 0).sum()
@@ -113,19 +127,27 @@ class CARROT(Loss):
 
 
 class _InjectGrad(torch.autograd.Function):
-    """A scalar whose backward hands precomputed gradients (times the incoming one) to ``inputs``."""
+    """A scalar whose backward hands precomputed gradients (times the incoming one, over ``scale``) to ``inputs``.
+
+    The gradients were taken of the terms multiplied by ``scale`` (the fp16 loss scale; ``None``: 1) and are kept
+    in float32; the incoming gradient is that same scale when the total is back-propagated through a
+    ``GradScaler``, so the factor is 1 and the inputs receive the scaled gradients, rounded to their dtype only
+    at the end (no float16 underflow)."""
 
     @staticmethod
-    def forward(ctx, value, grads, *inputs):
-        ctx.grads = grads
+    def forward(ctx, value, grads, scale, *inputs):
+        ctx.grads, ctx.scale, ctx.dtypes = grads, scale, [x.dtype for x in inputs]
         return value.clone()
 
     @staticmethod
     def backward(ctx, grad_out):
-        return (None, None, *[grad_out * g if g is not None else None for g in ctx.grads])
+        factor = grad_out.float() if ctx.scale is None else grad_out.float() / ctx.scale
+        return (None, None, None, *[(factor * g).to(dtype) if g is not None else None
+                                    for g, dtype in zip(ctx.grads, ctx.dtypes)])
 
 
-def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=1.0, reduce_sum=None, stats=None):
+def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_max=1.0, reduce_sum=None, stats=None,
+                             scale=None):
     """``total = loss_base + alpha * reg`` with ``alpha = min(alpha_max, ||d base/d h|| / (||d reg/d h|| + 1e-12))``
     (``docs/CARROT.md``, "The weight alpha").
 
@@ -140,6 +162,11 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
     a classifier), so the loss head is not back-propagated twice. Every parameter the base loss
     reaches without passing through ``h`` must be in ``params``.
 
+    ``scale`` (mixed precision, ``--amp fp16``): the loss scale of the backward that will run on ``total``
+    (a 0-d tensor). The gradients are taken of ``scale * base`` and ``scale * reg``, as the scaled backward
+    would, so that small gradients of float16 tensors do not underflow to 0; ``alpha`` is a ratio of norms and
+    does not depend on it (the ``1e-12`` is scaled too), and the sum is formed in float32.
+
     ``reduce_sum`` (distributed training): a function summing a tensor over processes. When ``h``
     is one process's slice of the batch, the two squared norms are summed over processes before
     the ratio, so ``alpha`` is the norm ratio over the whole batch (a common factor of all slices'
@@ -150,19 +177,18 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
     """
     params = [p for p in params if p.requires_grad]
     inputs = [h, *params]
-    g_base = torch.autograd.grad(loss_base, inputs, retain_graph=reg.requires_grad, allow_unused=True)
-    g_base = [torch.zeros_like(x) if g is None else g for g, x in zip(g_base, inputs)]
+    factor = 1.0 if scale is None else scale.detach().float()
+    g_base = torch.autograd.grad(loss_base * factor, inputs, retain_graph=reg.requires_grad, allow_unused=True)
+    g_base = [torch.zeros_like(x, dtype=torch.float32) if g is None else g.float() for g, x in zip(g_base, inputs)]
+    g_reg = None
     if reg.requires_grad:
-        (g_reg,) = torch.autograd.grad(reg, h, allow_unused=True)
-    else:
-        g_reg = None
-    if g_reg is None:
-        g_reg = torch.zeros_like(h)
-    sq = torch.stack([g_base[0].float().square().sum(), g_reg.float().square().sum()])
+        (g_reg,) = torch.autograd.grad(reg * factor, h, allow_unused=True)
+    g_reg = torch.zeros_like(h, dtype=torch.float32) if g_reg is None else g_reg.float()
+    sq = torch.stack([g_base[0].square().sum(), g_reg.square().sum()])
     if reduce_sum is not None:
         sq = reduce_sum(sq)
     base_norm, reg_norm = sq.sqrt().unbind()
-    ratio = torch.where(reg_norm > 0, base_norm / (reg_norm + 1e-12), torch.zeros_like(reg_norm))
+    ratio = torch.where(reg_norm > 0, base_norm / (reg_norm + 1e-12 * factor), torch.zeros_like(reg_norm))
     if weight is not None:
         alpha = torch.as_tensor(float(weight), device=h.device)
         binds = torch.zeros((), device=h.device)
@@ -171,7 +197,7 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
         binds = (alpha < ratio).float()
     if stats is not None:
         stats.update(ratio=ratio.detach(), cap_binds=binds)
-    g_h = g_base[0] + alpha.to(g_reg.dtype) * g_reg
+    g_h = g_base[0] + alpha * g_reg
     value = loss_base.detach() + (alpha * reg.detach().float()).to(loss_base.dtype)
-    total = _InjectGrad.apply(value, [g_h.to(h.dtype), *g_base[1:]], h, *params)
+    total = _InjectGrad.apply(value, [g_h, *g_base[1:]], None if scale is None else factor, h, *params)
     return total, alpha.detach()

@@ -8,7 +8,7 @@ summarizes them, and :class:`RASCALLoss` holds the cache and puts the parts toge
 import torch
 import torch.nn.functional as F
 
-from losses import Loss, block_pairs, class_blocks, flatten_views, upcast
+from losses import Loss, block_pairs, class_blocks, flatten_views, on_host, upcast
 
 DRIFT_BINS = 20  # histogram of rank drift over [0, 1]
 
@@ -43,16 +43,20 @@ class CachedSimilarities:
     too, whatever the BLAS, the CPU or the matrix shapes. Computing them along two paths (a batch block and
     a queue block) can differ in the last bit, which breaks a tie and changes the ranks.
 
-    ``sample_idx`` ``[B]``, ``queue_ids`` ``[K]`` or ``None``. ``batch_col[b]`` / ``queue_col[j]``: the table
-    column of batch sample ``b`` / queue entry ``j``; ``lookup(anchor_samples, columns)`` reads the table
-    at the anchors' rows (batch sample indices) and the given table columns.
+    ``sample_idx`` ``[B]``, ``queue_ids`` ``[K]`` or ``None``, both on the host (which ids are distinct decides
+    the table's shape). ``batch_col[b]`` / ``queue_col[j]``: the table column of batch sample ``b`` / queue
+    entry ``j`` (on the cache's device); ``lookup(anchor_samples, columns)`` reads the table at the anchors' rows
+    (batch sample indices) and the given table columns.
     """
 
     def __init__(self, cache_feat, sample_idx, queue_ids, dtype):
         bsz = sample_idx.shape[0]
+        device = cache_feat.device
         ids = sample_idx if queue_ids is None else torch.cat([sample_idx, queue_ids])
         uniq, col = torch.unique(ids, return_inverse=True)          # one column per distinct id
-        anchor_uniq, self.anchor_row = torch.unique(col[:bsz], return_inverse=True)   # one row per batch id
+        anchor_uniq, anchor_row = torch.unique(col[:bsz], return_inverse=True)   # one row per batch id
+        uniq, anchor_uniq, col, self.anchor_row = (t.to(device, non_blocking=True)
+                                                   for t in (uniq, anchor_uniq, col, anchor_row))
         feats = cache_feat[uniq].to(dtype)
         self.table = feats[anchor_uniq] @ feats.T                     # [U_batch, U]
         self.batch_col, self.queue_col = col[:bsz], col[bsz:]
@@ -74,14 +78,20 @@ class Positives:
     its dataset id); per anchor: ``num_pos`` ``[C, K]`` (``m_r``), ``cache_complete`` (the anchor's and
     every positive's cache entries are valid), and ``rank_current`` (the descending fractional ranks of
     ``current`` among the positives).
+
+    ``labels`` and ``sample_idx`` are read on the host (they decide the blocks' shapes; no wait when they come
+    from there), as are the queue's labels, ids and validity (:meth:`memory_queue.QueueView.on_host`).
     """
 
     def __init__(self, sims, labels, n_views, cache_feat, cache_valid, sample_idx, queue=None, queue_sims=None):
         bsz = labels.shape[0]
-        sample_valid = cache_valid[sample_idx]
-        queue_ids = None if queue is None else queue.idx.clamp(min=0)
+        device = sims.device
+        labels, sample_idx = on_host(labels), on_host(sample_idx)
+        sample_valid = cache_valid[sample_idx.to(device, non_blocking=True)]
+        host_queue = None if queue is None else queue.on_host()
+        queue_ids = None if queue is None else host_queue.idx.clamp(min=0)
         table = CachedSimilarities(cache_feat, sample_idx, queue_ids, sims.dtype)
-        self.rows, self.present, _ = class_blocks(labels.repeat(n_views))
+        self.rows, self.present, _ = class_blocks(labels.repeat(n_views), device)
         self.pairs = block_pairs(self.present)
         self.current = sims[self.rows[:, :, None], self.rows[:, None, :]]
         sample_of = self.rows % bsz                                # view-major rows: r = v * B + b
@@ -91,14 +101,16 @@ class Positives:
         self.queue_cols = self.queue_present = None
         if queue is not None:
             classes = torch.unique(labels)                         # the blocks' classes, in class_blocks' order
-            same = (queue.label[None, :] == classes[:, None]) & queue.valid[None, :]       # [C, K_queue]
+            same = (host_queue.label[None, :] == classes[:, None]) & host_queue.valid[None, :]   # [C, K_queue]
             width = int(same.sum(1).max())
-            self.queue_cols = torch.argsort((~same).to(torch.int8), dim=1, stable=True)[:, :width]
-            self.queue_present = torch.gather(same, 1, self.queue_cols)
+            queue_cols = torch.argsort((~same).to(torch.int8), dim=1, stable=True)[:, :width]
+            self.queue_present = torch.gather(same, 1, queue_cols).to(device, non_blocking=True)
+            self.queue_cols = queue_cols.to(device, non_blocking=True)
             self.pairs = torch.cat([self.pairs, self.present[:, :, None] & self.queue_present[:, None, :]], -1)
             self.current = torch.cat([self.current, queue_sims[self.rows[:, :, None], self.queue_cols[:, None, :]]], -1)
             self.cached = torch.cat([self.cached, table.lookup(sample_of, table.queue_col[self.queue_cols])], -1)
-            column_valid = torch.cat([anchor_valid, (cache_valid[queue_ids] & (queue.idx >= 0))[self.queue_cols]], -1)
+            column_valid = torch.cat([anchor_valid, (cache_valid[queue.idx.clamp(min=0)] & (queue.idx >= 0))[
+                self.queue_cols]], -1)
         self.num_pos = self.pairs.sum(-1)
         self.cache_complete = anchor_valid & ~(self.pairs & ~column_valid[:, None, :]).any(-1)
         self.sample_valid = sample_valid
@@ -145,15 +157,24 @@ def uniform_weights(pos, drift):
 WEIGHTINGS = {'agreement': agreement_weights, 'current': current_weights, 'uniform': uniform_weights}
 
 
+def drift_histogram(drift, mask, bins=DRIFT_BINS):
+    """Counts ``[bins]`` of the ``drift`` values where ``mask``, over equal bins of ``[0, 1]`` (``torch.histc``'s
+    bins: value ``x`` in bin ``floor(x * bins)``, 1 in the last). Integer adds, fixed shapes: deterministic and
+    without a host synchronization on every device (``histc`` has neither on CUDA)."""
+    bucket = (drift.float() * bins).long().clamp_(0, bins - 1)
+    return torch.zeros(bins, dtype=torch.long, device=drift.device).scatter_add_(
+        0, bucket.flatten(), mask.flatten().long()).float()
+
+
 def weight_statistics(pos, weights, ranked, drift, drift_rows, n_rows):
-    """The statistics of ``docs/RASCAL.md`` as 0-d tensors, and the drift histogram counts."""
+    """The statistics of ``docs/RASCAL.md`` as 0-d tensors, and the drift histogram counts (masked sums over the
+    pairs: no selection of a data-dependent size)."""
     has_pos = pos.num_pos >= 1
     multi = pos.num_pos >= 2
     pair_mask = (drift_rows & multi)[..., None] & pos.pairs
-    drifts = drift[pair_mask]
     n_drift = pair_mask.sum().clamp(min=1)
-    drift_mean = drifts.sum() / n_drift
-    drift_std = (((drifts - drift_mean) ** 2).sum() / n_drift).sqrt()
+    drift_mean = (drift * pair_mask).sum() / n_drift
+    drift_std = ((((drift - drift_mean) * pair_mask) ** 2).sum() / n_drift).sqrt()
     entropy = -(weights * torch.log(weights.clamp(min=1e-30))).sum(-1)
     stats = {
         'avg_pos_per_anchor': pos.num_pos.sum().to(torch.float32) / n_rows,
@@ -163,7 +184,7 @@ def weight_statistics(pos, weights, ranked, drift, drift_rows, n_rows):
         'rank_drift_std': drift_std,
         'w_entropy': (entropy * multi).sum() / multi.sum().clamp(min=1),
     }
-    return stats, torch.histc(drifts.float(), bins=DRIFT_BINS, min=0, max=1)
+    return stats, drift_histogram(drift, pair_mask)
 
 
 class RASCALLoss(Loss):
@@ -226,7 +247,7 @@ class RASCALLoss(Loss):
         contrast, bsz, n_views = flatten_views(features)
         if contrast.shape[1] != self.feat_dim:
             raise ValueError(f'features have {contrast.shape[1]} dims, the cache has feat_dim={self.feat_dim}')
-        labels, sample_idx = labels.reshape(-1), sample_idx.reshape(-1)
+        labels, sample_idx = on_host(labels.reshape(-1)), on_host(sample_idx.reshape(-1))   # read on the host
         if labels.shape[0] != bsz or sample_idx.shape[0] != bsz:
             raise ValueError(f'labels ({labels.shape[0]}) and sample_idx ({sample_idx.shape[0]}) '
                              f'must have one entry per sample ({bsz})')
@@ -300,9 +321,12 @@ class RASCALLoss(Loss):
         return dense
 
     def _update_cache(self, mean_views, sample_idx):
-        """cache[i] = normalize(mean of the view-means of every occurrence of i); deterministic."""
-        uniq, inverse = torch.unique(sample_idx, return_inverse=True)
-        onehot = (inverse[None, :] == torch.arange(len(uniq), device=sample_idx.device)[:, None])
+        """cache[i] = normalize(mean of the view-means of every occurrence of i); deterministic. ``sample_idx``
+        on the host (which ids repeat decides the shapes)."""
+        uniq, inverse = torch.unique(on_host(sample_idx), return_inverse=True)
+        device = mean_views.device
+        uniq, inverse = uniq.to(device, non_blocking=True), inverse.to(device, non_blocking=True)
+        onehot = (inverse[None, :] == torch.arange(len(uniq), device=device)[:, None])
         summed = onehot.to(mean_views.dtype) @ mean_views          # a matmul, not an atomic scatter
         self.cache_feat[uniq] = F.normalize(summed, dim=1).to(self.cache_feat.dtype)
         self.cache_valid[uniq] = True

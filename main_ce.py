@@ -36,7 +36,7 @@ def main(argv=None):
         return evaluate(opt, test_loader, model, 'test', num_classes(train_set), counts)
 
     print(f'run folder: {opt.run_folder}')
-    last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc')
+    last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc', scaler=scaler)
     last = last or best
     write_results(opt, last, best, 'test/acc')
     print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')

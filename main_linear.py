@@ -11,7 +11,6 @@ import os
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from checkpoint import load_encoder
 from data import (build_dataset, build_loader, build_transform, coarse_labels, dataset_info, long_tail_class_counts,
@@ -19,6 +18,7 @@ from data import (build_dataset, build_loader, build_transform, coarse_labels, d
 from distributed import is_main, wrap_model
 from engine import evaluate, fit, setup, train_loop, write_results
 from knn import extract_features, knn_predict
+from losses import cross_entropy
 from networks import LinearClassifier
 from options import config_dict, parse_option
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
@@ -97,7 +97,6 @@ def main(argv=None):
 
     classifier = LinearClassifier(opt.model, num_classes=n_cls).to(opt.device)
     ddp_classifier = wrap_model(opt, classifier)    # the classifier itself in one process
-    criterion = nn.CrossEntropyLoss()
     optimizer = set_optimizer(opt, classifier.parameters())
     scaler = grad_scaler(opt)
 
@@ -110,7 +109,7 @@ def main(argv=None):
         images, labels = to_device(opt, batch[0]), batch[1].to(opt.device)
         with autocast(opt):
             logits = predict(images, ddp_classifier)
-        loss = criterion(logits.float(), labels)
+        loss = cross_entropy(logits.float(), labels)
         backward(loss)
         return loss.detach(), labels.shape[0], {'acc': accuracy(logits, labels)[0]}
 
@@ -127,7 +126,7 @@ def main(argv=None):
 
     print(f'run folder: {opt.run_folder}')
     select = 'val/acc' if opt.val_split > 0 else 'test/acc'
-    last, best = fit(opt, classifier, optimizer, train_epoch, evaluate_epoch, select=select)
+    last, best = fit(opt, classifier, optimizer, train_epoch, evaluate_epoch, select=select, scaler=scaler)
     last = last or best
     extra = {}
     if opt.within_superclass:

@@ -45,7 +45,7 @@ def main(argv=None):
 
     print(f'run folder: {opt.run_folder}')
     fit(opt, pre.model, optimizer, train_epoch, knn_monitor(opt, pre.model) if opt.knn_every else None,
-        extra=pre.checkpointed())
+        extra=pre.checkpointed(), scaler=scaler)
     print(f'checkpoint: {opt.run_folder}/last.pth')
 
 

@@ -7,7 +7,7 @@ is MoCo's slowly moving copy of the model (He et al. 2020). :func:`key_features`
 BatchNorm, so that batch statistics cannot leak which key belongs to which query.
 """
 import copy
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -19,11 +19,21 @@ from features import Feature, check
 
 class QueueView(NamedTuple):
     """What a loss reads of the queue: ``feat`` ``[K, D]`` unit keys, ``label`` ``[K]``, ``idx`` ``[K]``
-    dataset ids, ``valid`` ``[K]`` (written yet?). Entries that are not valid take no part in the loss."""
+    dataset ids, ``valid`` ``[K]`` (written yet?). Entries that are not valid take no part in the loss.
+    ``host``: the same ``label``, ``idx`` and ``valid`` on the CPU when the queue keeps them there (for losses
+    whose shapes depend on them), else ``None``."""
     feat: torch.Tensor
     label: torch.Tensor
     idx: torch.Tensor
     valid: torch.Tensor
+    host: Optional['QueueView'] = None
+
+    def on_host(self):
+        """This view with ``label``, ``idx`` and ``valid`` on the CPU (``feat`` as it is): the queue's own host copy
+        when it has one, else a copy from the device (which makes the host wait for it)."""
+        if self.host is not None:
+            return self.host
+        return QueueView(self.feat, self.label.cpu(), self.idx.cpu(), self.valid.cpu())
 
 
 class MemoryQueue(nn.Module):
@@ -31,7 +41,9 @@ class MemoryQueue(nn.Module):
 
     ``enqueue(keys, labels, ids)`` writes ``n <= size`` entries at the pointer, wrapping around, and
     advances it; ``view()`` is what the loss reads; ``statistics(labels)`` the queue's statistics for a
-    batch with ``labels``. All state is in buffers (no host sync on the hot path).
+    batch with ``labels``. All state is in buffers (no host sync on the hot path). The labels, ids and
+    validity are also kept on the host while they are enqueued from there (a loader's labels and ids), so
+    that losses whose shapes depend on them (RASCAL) need not read them from the device.
     """
 
     def __init__(self, size, dim):
@@ -46,9 +58,24 @@ class MemoryQueue(nn.Module):
         self.register_buffer('written', torch.zeros(self.size, dtype=torch.long))   # the step of each write
         self.register_buffer('ptr', torch.zeros((), dtype=torch.long))
         self.register_buffer('steps', torch.zeros((), dtype=torch.long))             # enqueues so far
+        self._host = None        # (label, idx, valid, pointer) on the CPU, or None: read from the buffers
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._host = None
+
+    def _host_copy(self):
+        if self._host is None:
+            self._host = (self.label.to('cpu', copy=True), self.idx.to('cpu', copy=True), self.valid.to('cpu', copy=True),
+                          int(self.ptr))
+        return self._host
 
     def view(self):
-        return QueueView(self.feat, self.label, self.idx, self.valid)
+        host = None
+        if self._host is not None:
+            label, idx, valid, _ = self._host
+            host = QueueView(self.feat, label, idx, valid)
+        return QueueView(self.feat, self.label, self.idx, self.valid, host)
 
     @torch.no_grad()
     def enqueue(self, keys, labels, ids):
@@ -57,10 +84,17 @@ class MemoryQueue(nn.Module):
         n = keys.shape[0]
         if n > self.size:
             raise ValueError(f'{n} keys do not fit a queue of {self.size}')
+        if labels.device.type == 'cpu' and ids.device.type == 'cpu':     # keep the host copy current
+            label_h, idx_h, valid_h, ptr_h = self._host_copy()
+            slots_h = (ptr_h + torch.arange(n)) % self.size
+            label_h[slots_h], idx_h[slots_h], valid_h[slots_h] = labels.reshape(-1), ids.reshape(-1), True
+            self._host = (label_h, idx_h, valid_h, (ptr_h + n) % self.size)
+        else:
+            self._host = None
         slots = (self.ptr + torch.arange(n, device=self.ptr.device)) % self.size
         self.feat[slots] = F.normalize(keys.float(), dim=1)
-        self.label[slots] = labels.reshape(-1).to(self.label)
-        self.idx[slots] = ids.reshape(-1).to(self.idx)
+        self.label[slots] = labels.reshape(-1).to(self.label.device, self.label.dtype, non_blocking=True)
+        self.idx[slots] = ids.reshape(-1).to(self.idx.device, self.idx.dtype, non_blocking=True)
         self.valid[slots] = True
         self.written[slots] = self.steps
         self.ptr.copy_((self.ptr + n) % self.size)
@@ -75,6 +109,8 @@ class MemoryQueue(nn.Module):
         n_valid = valid.sum().clamp(min=1)
         stats = {'queue/fill': valid.mean(),
                  'queue/key_age': ((self.steps - self.written).float() * valid).sum() / n_valid}
+        if labels is not None:
+            labels = labels.to(self.label.device, non_blocking=True)
         same = (self.label[None, :] == labels.reshape(-1, 1)) & self.valid if labels is not None else None
         stats['queue/pos_per_anchor'] = same.sum(1).float().mean() if same is not None else valid.new_zeros(())
         return stats
@@ -96,10 +132,11 @@ class MomentumEncoder(nn.Module):
 
     @torch.no_grad()
     def update(self, query):
-        for key_p, query_p in zip(self.model.parameters(), query.parameters()):
-            key_p.mul_(self.momentum).add_(query_p.detach(), alpha=1 - self.momentum)
-        for key_b, query_b in zip(self.model.buffers(), query.buffers()):
-            key_b.copy_(query_b)
+        """One momentum step towards ``query`` (a few multi-tensor kernels, not one per parameter)."""
+        keys = list(self.model.parameters())
+        torch._foreach_mul_(keys, self.momentum)
+        torch._foreach_add_(keys, [p.detach() for p in query.parameters()], alpha=1 - self.momentum)
+        torch._foreach_copy_(list(self.model.buffers()), list(query.buffers()))
 
 
 @torch.no_grad()

@@ -24,11 +24,11 @@ from methods import METHODS, apply_method_flags, get_method, method_flags
 from networks import MODELS
 from probes import PROBES
 from steps import CARROT_FLAGS, CHUNKS
-from util import PRECISION, SCHEDULE
+from util import PRECISION, REPRODUCIBILITY, SCHEDULE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours).
 FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, SCHEDULE, PRECISION, AUGMENT, CHUNKS, MONITOR,
-            PROBES]
+            PROBES, REPRODUCIBILITY]
 
 # SupContrast's per-script defaults.
 SCRIPT_DEFAULTS = {

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from data import coarse_labels
 from features import Feature, check
 from knn import few_shot_indices, knn_predict  # noqa: F401  (few_shot_indices: part of this module's API)
+from losses import cross_entropy
 
 
 def linear_probe(train_feats, train_labels, test_feats, test_labels, num_classes, weight_decay=1e-4, max_iter=500):
@@ -28,7 +29,7 @@ def linear_probe(train_feats, train_labels, test_feats, test_labels, num_classes
 
     def closure():
         optimizer.zero_grad()
-        loss = F.cross_entropy(layer(x), y) + weight_decay / 2 * layer.weight.square().sum()
+        loss = cross_entropy(layer(x), y) + weight_decay / 2 * layer.weight.square().sum()
         loss.backward()
         return loss
     optimizer.step(closure)

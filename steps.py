@@ -23,24 +23,28 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from distributed import all_reduce_grads, all_reduce_sum, broadcast_buffers, gather, gather_with_grad, wrap_model
+from distributed import (all_reduce_grads, all_reduce_sum, broadcast_buffers, gather, gather_labels, gather_with_grad,
+                         wrap_model)
 from features import Feature, check
 from losses_carrot import CARROT, grad_balanced_total_loss
 from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from methods import METHODS, get_method
 from monitors import collapse_statistics
 from networks import SupCEResNet, SupConResNet
+from losses import cross_entropy
 from util import UserError, accuracy, autocast, prepare_model, to_device
 
 
-def carrot_term(opt, carrot, base, h, labels, params=()):
+def carrot_term(opt, carrot, base, h, labels, params=(), scale=None):
     """``base + alpha * CARROT(h, labels)`` (alpha gradient-balanced unless ``--carrot_weight``) and
-    the step's statistics. ``params``: parameters between ``h`` and ``base`` (head, classifier)."""
+    the step's statistics. ``params``: parameters between ``h`` and ``base`` (head, classifier); ``scale``: the
+    loss scale of the step's backward (``--amp fp16``; the balance takes its gradients of the scaled terms)."""
     # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
-    reg = carrot(gather_with_grad(h), gather(labels))
+    reg = carrot(gather_with_grad(h), gather_labels(labels, h.device))
     balance = {}
     total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=opt.carrot_weight,
-                                            alpha_max=opt.carrot_alpha_max, reduce_sum=all_reduce_sum, stats=balance)
+                                            alpha_max=opt.carrot_alpha_max, reduce_sum=all_reduce_sum, stats=balance,
+                                            scale=scale)
     return total, {**{f'carrot/{k}': v for k, v in carrot.last_stats.items()}, 'carrot/alpha': alpha,
                    'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
 
@@ -63,12 +67,13 @@ class Pretraining:
         if model is None:
             model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim)
         self.model = prepare_model(opt, model)
+        # a copy of the model as it starts, before --syncBN converts its BatchNorm: the key encoder's statistics
+        # stay its own (shuffled BatchNorm, docs/QUEUE.md)
+        self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
         self.ddp_model = wrap_model(opt, self.model)      # the model itself in one process
         self.criterion = self.method.build(opt, num_samples).to(opt.device)
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(opt.device) if opt.queue_size else None
-        # a copy of the model as it starts
-        self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
 
     def checkpointed(self):
         """``{key: module}`` of the state saved next to the model: the loss's own state (RASCAL's cache),
@@ -80,21 +85,25 @@ class Pretraining:
         """One step on ``views`` (a list of ``[b, C, H, W]``), ``labels`` ``[b]`` and dataset ``ids`` ``[b]``:
         computes the loss, calls ``backward(loss)`` (``GradScaler``'s scaled backward in training) and returns
         ``(loss, statistics)``. Plain or gradient caching (``--chunk_size``). With a queue the loss also
-        contrasts with its keys, and after the backward this step's keys are enqueued."""
+        contrasts with its keys, and after the backward this step's keys are enqueued.
+
+        ``labels`` and ``ids`` are used where they are: a loader's host tensors stay on the host, where the losses
+        build what depends on their values, so the step never waits for the device (docs/USAGE.md,
+        "Host synchronizations")."""
         opt, model = self.opt, self.model
-        labels = labels.to(opt.device)
         n_views = len(views)
         kept = {}
         queue_stats = self.queue.statistics(self._global_labels(labels)) if self.queue is not None else {}
+        scale = backward.scale(opt.device) if hasattr(backward, 'scale') else None
 
         def loss_from(h_enc, h_proj):
-            loss, stats, kept['features'] = self.loss_from_parts(h_enc, h_proj, labels, ids, n_views)
+            loss, stats, kept['features'] = self.loss_from_parts(h_enc, h_proj, labels, ids, n_views, scale)
             return loss, stats
         if opt.chunk_size:
             loss, stats = cached_step(opt, model, model.encoder, model.head, views, opt.chunk_size, loss_from,
                                       backward)
         else:
-            images = to_device(opt, torch.cat(views, dim=0))            # view-major rows: v * bsz + b
+            images = device_batch(opt, views)                           # view-major rows: v * bsz + b
             with autocast(opt):
                 h_enc, h_proj = self.ddp_model(images, parts=True)
             loss, stats = loss_from(h_enc, h_proj)
@@ -105,21 +114,23 @@ class Pretraining:
         return loss, stats
 
     def _global_labels(self, labels):
-        return gather(labels) if self.method.uses_labels else None
+        return gather_labels(labels, self.opt.device) if self.method.uses_labels else None
 
-    def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views):
+    def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views, scale=None):
         """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` from the encoder
         output ``h_enc`` and the projection ``h_proj`` (``[V*b, .]``, view-major rows ``v*b + j``). Under
         torchrun the loss sees the global batch (samples in rank order); the queue is read as it was before
-        this step."""
+        this step. The projection is normalized in float32 whatever the autocast dtype (unit features, queue keys
+        and RASCAL's similarities are not rounded to 16 bits; an all-zero row stays finite). ``scale``: the loss
+        scale of the backward (``--amp fp16``), for CARROT's balance."""
         opt, method = self.opt, self.method
         bsz = labels.shape[0]
-        features = F.normalize(h_proj, dim=1)
+        features = F.normalize(h_proj.float(), dim=1)
         features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
         features = gather_with_grad(features)                       # no-op in one process
         args = (features, self._global_labels(labels))
         if method.uses_ids:
-            args += (gather(ids.to(opt.device)),)
+            args += (gather_labels(ids, opt.device),)
         loss = self.criterion(*args, queue=self.queue.view()) if self.queue is not None else self.criterion(*args)
         stats = {f'{method.stats_prefix}{k}': v for k, v in self.criterion.last_stats.items()}
         # collapse monitors of the global batch (the projections are gathered already)
@@ -128,7 +139,7 @@ class Pretraining:
         if self.carrot is not None:
             # rows of h are view-major like the images, so labels are repeated (not interleaved)
             h, params = (h_enc, self.model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
-            loss, carrot_stats = carrot_term(opt, self.carrot, loss, h, labels.repeat(n_views), params)
+            loss, carrot_stats = carrot_term(opt, self.carrot, loss, h, labels.repeat(n_views), params, scale)
             stats.update(carrot_stats)
         return loss, stats, features.detach()
 
@@ -145,7 +156,7 @@ class Pretraining:
             keys = queries
         else:
             self.key_encoder.update(self.model)
-            images = to_device(opt, torch.cat(views, dim=0))
+            images = device_batch(opt, views)
 
             def forward(key_model, part):
                 with autocast(opt):
@@ -153,7 +164,7 @@ class Pretraining:
             out = key_features(self.key_encoder.model, images, opt.shuffle_bn_splits, forward)   # [V*b, D]
             keys = gather(sample_keys(torch.stack(torch.split(out, labels.shape[0], dim=0), dim=1)))
             stats['queue/key_query_cos'] = (keys * queries).sum(1).mean()
-        self.queue.enqueue(keys, gather(labels), gather(ids.to(opt.device)))
+        self.queue.enqueue(keys, gather_labels(labels, opt.device), gather_labels(ids, opt.device))
         return stats
 
 
@@ -173,31 +184,40 @@ class CETraining:
         """One step on ``images`` ``[b, C, H, W]`` and ``labels`` ``[b]``: as :meth:`Pretraining.step`, with one
         view and no queue. Returns ``(loss, statistics)``."""
         opt = self.opt
-        labels = labels.to(opt.device)
+        scale = backward.scale(opt.device) if hasattr(backward, 'scale') else None
         if opt.chunk_size:
             return cached_step(opt, self.model, self.model.encoder, self.model.fc, [images], opt.chunk_size,
-                               lambda h, logits: self.loss_from_parts(h, logits, labels), backward)
+                               lambda h, logits: self.loss_from_parts(h, logits, labels, scale), backward)
         with autocast(opt):
             h, logits = self.ddp_model(to_device(opt, images), parts=True)
-        loss, stats = self.loss_from_parts(h, logits, labels)
+        loss, stats = self.loss_from_parts(h, logits, labels, scale)
         backward(loss)
         return loss.detach(), stats
 
-    def loss_from_parts(self, h, logits, labels):
-        """Cross-entropy (+ CARROT on the penultimate features ``h``) and statistics, this process's batch."""
-        loss = F.cross_entropy(logits.float(), labels)   # this process's batch; DDP averages the gradients
-        stats = {'acc': accuracy(logits, labels)[0], **collapse_statistics(h, 'enc')}
+    def loss_from_parts(self, h, logits, labels, scale=None):
+        """Cross-entropy (+ CARROT on the penultimate features ``h``) and statistics, this process's batch.
+        ``labels`` where the loader put them (CARROT reads them on the host)."""
+        on_device = labels.to(logits.device, non_blocking=True)
+        loss = cross_entropy(logits.float(), on_device)  # this process's batch; DDP averages the gradients
+        stats = {'acc': accuracy(logits, on_device)[0], **collapse_statistics(h, 'enc')}
         if self.carrot is not None:
-            loss, carrot_stats = carrot_term(self.opt, self.carrot, loss, h, labels, self.model.fc.parameters())
+            loss, carrot_stats = carrot_term(self.opt, self.carrot, loss, h, labels, self.model.fc.parameters(), scale)
             stats.update(carrot_stats)
         return loss, stats
 
 
 # ---------------------------------------------------------------- gradient caching
+def device_batch(opt, views):
+    """The views of a batch as one view-major tensor on the device: each view is copied on its own (from the
+    loader's pinned memory, asynchronously) and concatenated there, not on the host in pageable memory."""
+    return to_device(opt, torch.cat([v.to(opt.device, non_blocking=True) for v in views], dim=0))
+
+
 def chunk_images(opt, views, chunk_size):
     """The chunks of a batch: chunk ``k`` holds samples ``[k N, (k+1) N)`` with all their views, view-major
     inside the chunk (as a torchrun process holds its part of the batch); the last may be smaller."""
     bsz = views[0].shape[0]
+    views = [v.to(opt.device, non_blocking=True) for v in views]
     return [to_device(opt, torch.cat([v[start:start + chunk_size] for v in views], dim=0))
             for start in range(0, bsz, chunk_size)]
 

@@ -65,7 +65,6 @@ class ResNet(nn.Module):
         for i, (width, n) in enumerate(zip(widths, num_blocks)):
             layers.append(self._make_layer(block, width, n, stride=1 if i == 0 else 2))
         self.layer1, self.layer2, self.layer3, self.layer4 = layers
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode='fan_out', nonlinearity='relu')
@@ -89,7 +88,8 @@ class ResNet(nn.Module):
     def forward(self, x):
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
-        return self.avgpool(out).flatten(1)
+        return out.mean(dim=(2, 3))        # global average pool; deterministic backward on CUDA, unlike
+                                           # AdaptiveAvgPool2d's (which --deterministic refuses)
 
 
 def resnet_tiny(**kwargs):

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST = ['--num_workers', '0', '--batch_size', '128', '--print_freq', '1000']
+# --device cpu: the suite compares runs bit for bit, which holds on a CPU (on CUDA only with --deterministic); a
+# machine with a GPU runs the CUDA tests of tests/test_cuda.py (pytest -m cuda) for that
+FAST = ['--num_workers', '0', '--batch_size', '128', '--print_freq', '1000', '--device', 'cpu']
 
 
 def script_env(**extra):
@@ -164,9 +166,9 @@ def step_batch(seed=0):
     return views, torch.randint(0, 3, (STEP_BSZ,), generator=g), torch.arange(100, 100 + STEP_BSZ)
 
 
-def build_training(argv, ce=False, chunk=0, train=False, dropout=False):
+def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='cpu'):
     """``steps.Pretraining`` (or ``steps.CETraining`` with ``ce``) as the scripts build it from ``argv``, with
-    a ``resnet_tiny`` seeded by 0, batch ``STEP_BSZ``, ``--chunk_size chunk``, on the CPU, 200 dataset ids,
+    a ``resnet_tiny`` seeded by 0, batch ``STEP_BSZ``, ``--chunk_size chunk``, on ``device``, 200 dataset ids,
     3 classes. ``train``: BatchNorm in train mode (else eval: per-sample, so the loss is the only coupling
     of samples); ``dropout``: a dropout layer after the encoder (a forward that draws random numbers)."""
     import torch.nn as nn
@@ -174,7 +176,7 @@ def build_training(argv, ce=False, chunk=0, train=False, dropout=False):
     from networks import SupCEResNet, SupConResNet
     from options import parse_option
     from steps import CETraining, Pretraining
-    opt = setup(parse_option('ce' if ce else 'supcon', [*argv, '--batch_size', str(STEP_BSZ), '--device', 'cpu',
+    opt = setup(parse_option('ce' if ce else 'supcon', [*argv, '--batch_size', str(STEP_BSZ), '--device', device,
                                                         '--chunk_size', str(chunk)]), run_folder=False)
     torch.manual_seed(0)
     net = SupCEResNet('resnet_tiny', num_classes=3) if ce else SupConResNet('resnet_tiny')

@@ -16,6 +16,7 @@ RUNS = {
     'chunk_memory': ['--model', 'resnet_tiny', '--size', '8', '--batches', '8,16', '--chunk', '4', '--steps', '1'],
     'train_throughput': ['--models', 'resnet_tiny', '--batch_size', '8', '--steps', '1'],
     'augment_speed': ['--skip_epochs', '--images', '64'],
+    'gpu_throughput': ['--smoke'],
     'queue_overhead': ['--size', '8', '--batch', '16', '--queue', '64', '--reps', '1'],
 }
 

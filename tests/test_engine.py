@@ -1,6 +1,7 @@
 """engine.py: evaluation metrics (per-class accuracy, shot groups); the run set-up and the epoch loop through
 the real scripts: resume that refuses contradictions, run folders, interrupts, failing checkpoint writes."""
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -136,3 +137,87 @@ def test_sigterm_says_how_to_continue(tmp_path):
     assert err.strip().splitlines() == [f'main_ce.py: interrupted; the last complete checkpoint is intact: '
                                         f'continue with --resume {last}']
     assert load(last)['epoch'] >= 1
+
+
+class _Batches(list):
+    """A list of batches that ``engine.train_loop`` takes for a loader (it asks for a sampler)."""
+    sampler = None
+
+
+def _loop(scaler, losses_of_steps, max_skipped=None, monkeypatch=None):
+    """``engine.train_loop`` over steps whose loss is ``factor * model(x).sum()`` for each factor given."""
+    from types import SimpleNamespace
+
+    import engine
+    if max_skipped is not None:
+        monkeypatch.setattr(engine, 'MAX_SKIPPED_STEPS', max_skipped)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = SimpleNamespace(warm=False, print_freq=1000)
+    batches = _Batches([(torch.randn(8, 4), factor) for factor in losses_of_steps])
+
+    def step(batch, backward):
+        x, factor = batch
+        loss = model(x).sum() * factor
+        backward(loss)
+        return loss.detach(), x.shape[0], {'stat': loss.detach() * 0 + 1}
+    out = engine.train_loop(opt, batches, optimizer, scaler, 1, step, 'test')
+    return out, model, scaler
+
+
+def test_fp16_non_finite_step_is_skipped_and_counted():
+    """A step whose loss (and so its gradients) is not finite under fp16 is skipped by the GradScaler, counted
+    in ``train/amp/skipped``, left out of the means, and the run goes on; the scale backs off."""
+    scaler = torch.amp.GradScaler('cpu', enabled=True, init_scale=1024.0)
+    out, model, scaler = _loop(scaler, [1.0, float('inf'), 1.0, 1.0])
+    assert out['train/amp/skipped'] == 1 and math.isfinite(out['train/loss']) and out['train/stat'] == 1
+    assert scaler.get_scale() == 512.0
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_fp16_stops_after_max_skipped_steps_in_a_row(monkeypatch):
+    from util import UserError
+    scaler = torch.amp.GradScaler('cpu', enabled=True)
+    with pytest.raises(UserError, match='3 steps in a row had non-finite gradients'):
+        _loop(scaler, [1.0, float('inf'), float('inf'), float('inf'), 1.0], max_skipped=3, monkeypatch=monkeypatch)
+    _loop(torch.amp.GradScaler('cpu', enabled=True), [float('inf'), float('inf'), 1.0, float('inf')],
+          max_skipped=3, monkeypatch=monkeypatch)                          # not in a row: goes on
+
+
+def test_non_finite_loss_without_fp16_stops_at_once():
+    from util import UserError
+    with pytest.raises(UserError, match='the loss became -?inf at epoch 1, iteration 2'):
+        _loop(torch.amp.GradScaler('cpu', enabled=False), [1.0, float('inf'), 1.0])
+
+
+def test_calibration_bins_equal_torchmetrics():
+    """``engine.CalibrationBins`` (per-bin sums on the device, read once) gives torchmetrics' ECE, also with
+    confidences on bin edges and at 1."""
+    from torchmetrics.classification import MulticlassCalibrationError
+
+    from engine import CalibrationBins
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(50, 4, generator=g) * 3).softmax(1) for _ in range(3)]
+    batches.append(torch.tensor([[1.0, 0, 0, 0], [0.6, 0.4, 0, 0], [0.2, 0.2, 0.2, 0.4]]))
+    ours, theirs = CalibrationBins(15, torch.device('cpu')), MulticlassCalibrationError(4, n_bins=15, norm='l1')
+    for probs in batches:
+        labels = torch.randint(0, 4, (probs.shape[0],), generator=g)
+        ours.update(probs, labels)
+        theirs.update(probs, labels)
+    assert ours.compute() == pytest.approx(float(theirs.compute()), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_deterministic_mode_runs_every_part(tmp_path):
+    """``--deterministic`` (torch.use_deterministic_algorithms; an operation without a deterministic form raises)
+    with RASCAL, CARROT, the queue, device augmentation and the kNN monitor, then CE + CARROT and a linear
+    evaluation: no operation of ours is refused (on a CPU; tests/test_cuda.py repeats it on CUDA)."""
+    run_script('main_supcon.py', *FAST, '--deterministic', '--method', 'RASCAL', '--carrot', '--queue_size', 256,
+               '--augment', 'device', '--knn_every', 1, '--epochs', 1, '--save_folder', tmp_path / 'pre')
+    last = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    out = run_script('main_linear.py', *FAST, '--deterministic', '--epochs', 1, '--ckpt', last,
+                     '--save_folder', tmp_path / 'lin')
+    assert 'final test top-1' in out.stdout
+    out = run_script('main_ce.py', *FAST, '--deterministic', '--carrot', '--epochs', 1, '--save_folder', tmp_path / 'ce')
+    assert 'final test top-1' in out.stdout

@@ -55,3 +55,19 @@ def test_knn_ties_go_to_the_lowest_index_and_the_lowest_class():
     assert top_k_neighbours(sims, 3).tolist() == [[0, 1, 2]]
     assert top_k_neighbours(sims.flip(1), 3).tolist() == [[0, 2, 4]]           # 0.9 at 4, then ties 0, 2
     assert top_k_neighbours(sims, 6).tolist() == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_knn_memory_is_bounded_and_small_temperatures_do_not_overflow():
+    """The per-chunk work is within the stated budget whatever the bank's size (about 1M images gives a few rows
+    per chunk, not a [1024, N] block); a tiny ``t`` (exp(1/0.001) overflows float32) still votes correctly."""
+    from knn import KNN_MEMORY_BUDGET, knn_chunk_rows, knn_predict
+    for n_train, k, classes in ((1_000_000, 200, 1000), (50_000, 200, 100), (1437, 200, 10), (10, 5, 1000)):
+        rows = knn_chunk_rows(n_train, k, classes)
+        assert rows >= 1 and (rows == 1 or rows * (16 * n_train + 5 * k * classes) <= KNN_MEMORY_BUDGET)
+    assert knn_chunk_rows(1_000_000, 200, 1000) < 64
+    bank = F.normalize(torch.randn(50, 8, generator=torch.Generator().manual_seed(0)), dim=1)
+    labels = torch.arange(50) % 5
+    query = bank[:10] + 0.01
+    for t in (0.1, 0.01, 0.001):
+        pred = knn_predict(bank, labels, F.normalize(query, dim=1), 5, k=3, t=t)
+        assert torch.equal(pred, labels[:10]), t

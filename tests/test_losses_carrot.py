@@ -56,6 +56,23 @@ def test_pair_quantiles_equal_torch_quantile(q):
         torch.testing.assert_close(got, torch.quantile(S[neg], q), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize('q', [0.0, 0.1, 0.37, 0.9, 1.0])
+def test_pair_quantile_forms_select_the_same_values(q):
+    """The CPU form (histogram, then kthvalue in a bucket) and the accelerator form (kthvalue on the whole
+    triangle, no host read) pick the same order statistics: equal bit for bit, ties included."""
+    for seed in range(3):
+        z = F.normalize(rand(40, 4, seed, dtype=torch.float32), dim=1)
+        S = (z @ z.T).clamp(-1, 1)
+        S[::3] = S[::3].round(decimals=1)
+        S = torch.maximum(S, S.T)                            # symmetric, with ties
+        y = torch.randint(0, 4, (40,), generator=torch.Generator().manual_seed(seed))
+        neg = y[:, None] != y[None, :]
+        count = int(neg.triu(1).sum())
+        cpu_form = pair_quantiles(S, neg, (q, 0.5), count=count, sync_free=False)
+        accelerator_form = pair_quantiles(S, neg, (q, 0.5), count=count, sync_free=True)
+        assert torch.equal(cpu_form, accelerator_form)
+
+
 def test_large_batch_beyond_torch_quantile():
     """n = 4200 rows: 17.6 M negative pairs, past the 2**24 elements torch.quantile accepts."""
     z = F.normalize(rand(4200, 8, 1, dtype=torch.float32), dim=1)
@@ -198,3 +215,37 @@ def test_cap_on_the_balanced_ratio(alpha_max):
     _, fixed = grad_balanced_total_loss(base_loss(head, h, y), reg, h, params=head.parameters(), weight=5.0,
                                         stats=balance)
     assert float(fixed) == 5.0 and float(balance['cap_binds']) == 0 and float(balance['ratio']) > 0
+
+
+def _fp16_balance_case(dtype, scale=None):
+    """A base loss and a regularizer (float32, as the losses compute) of a float16 leaf ``h`` whose gradients are
+    ~1e-9 (below float16's smallest number, 6e-8): ``(total, alpha, h, w, h0)``."""
+    g = torch.Generator().manual_seed(0)
+    h0 = torch.randn(8, 4, generator=g, dtype=torch.float64) * 0.5
+    w = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    h = h0.to(dtype).requires_grad_(True)
+    up = h.double() if dtype == torch.float64 else h.float()             # float16 activations, a float32 loss
+    base = (up * w.to(up.dtype)).sum() * 1e-9                            # d base / d h = 1e-9 w
+    reg = up.square().sum() * 2e-9                                       # d reg / d h = 4e-9 h
+    total, alpha = grad_balanced_total_loss(base, reg, h, alpha_max=None, scale=scale)
+    return total, alpha, h, w, h0
+
+
+def test_fp16_balance_uses_the_loss_scale():
+    """``--amp fp16 --carrot``: with the GradScaler's scale the weight and the gradient into ``h`` match float64;
+    power: without it (the old form) the float16 gradients underflow and alpha is 0 or noise."""
+    scale = torch.tensor(65536.0)
+    _, alpha64, _, w, h0 = _fp16_balance_case(torch.float64)
+    want_alpha = float(alpha64)
+    want_grad = 1e-9 * w + want_alpha * 4e-9 * h0.half().double()
+    total, alpha, h, _, _ = _fp16_balance_case(torch.float16, scale)
+    assert float(alpha) == pytest.approx(want_alpha, rel=2e-3)
+    (total.float() * scale).backward()                                    # the scaler's backward
+    got = h.grad.double() / float(scale)
+    torch.testing.assert_close(got, want_grad, rtol=2e-2, atol=1e-12)
+    assert h.grad.dtype == torch.float16 and bool(torch.isfinite(h.grad).all())
+    # the unscaled form: gradients of float16 tensors below 6e-8 are 0
+    total, alpha, h, _, _ = _fp16_balance_case(torch.float16, None)
+    assert float(alpha) != pytest.approx(want_alpha, rel=0.1)
+    (total.float() * scale).backward()
+    assert not torch.allclose(h.grad.double() / float(scale), want_grad, rtol=0.1, atol=1e-12)

@@ -59,7 +59,46 @@ def test_stopped_and_resumed_equals_uninterrupted(mode, shared_run, tmp_path):
     for part, state in ref['extra'].items():
         for key, value in state.items():
             assert torch.equal(resumed['extra'][part][key], value), f'{part}.{key}'
+    assert resumed.get('scaler') == ref.get('scaler')          # the fp16 loss scale (ce-fp16), else absent
     assert [r['epoch'] for r in read_metrics(os.path.dirname(last))] == ['1', '2']
     if script == 'main_ce.py':      # the best epoch's metrics survive the resume
         timeless = lambda best: {k: v for k, v in best.items() if not k.endswith('time')}
         assert resumed['best'] is not None and timeless(resumed['best']) == timeless(ref['best'])
+
+
+@pytest.mark.xdist_group('ce')
+def test_fp16_loss_scale_survives_a_resume(shared_run, tmp_path):
+    """The GradScaler's state is in the checkpoint: a run whose scale had backed off (to 1024 here, written into
+    the checkpoint) continues from that scale, not from 65536; power: the uninterrupted run's scale is not 1024."""
+    script, flags = SHARED_RUNS['ce']
+    ref_run, _ = shared_run('ce')
+    assert load(os.path.join(ref_run, 'last.pth'))['scaler']['scale'] > 1024
+    flags = [*flags, '--size', 8, '--batch_size', 256]       # a cheaper run of the same kind
+    folder = tmp_path / 'b'
+    run_script(script, *flags, '--epochs', 1, '--save_folder', folder)
+    last = os.path.join(only_run_folder(folder), 'last.pth')
+    ckpt = load(last)
+    ckpt['scaler']['scale'] = 1024.0
+    torch.save(ckpt, last)
+    run_script(script, *flags, '--epochs', 2, '--resume', last)
+    assert load(last)['scaler']['scale'] <= 1024.0       # growth needs 2000 clean steps; an epoch has 6
+
+
+@pytest.mark.xdist_group('devaug')
+def test_resume_on_another_device_reseeds_with_a_notice(shared_run, tmp_path):
+    """A checkpoint whose augmentation generator was saved on another device type (as after ``--device cuda``)
+    resumes on the CPU with that generator re-seeded, a one-line notice printed and written to warnings.txt."""
+    script, flags = SHARED_RUNS['devaug']
+    folder = tmp_path / 'b'
+    run_script(script, *flags, '--epochs', 1, '--save_folder', folder)
+    last = os.path.join(only_run_folder(folder), 'last.pth')
+    ckpt = load(last)
+    ckpt['rng']['generators']['augment'] = torch.zeros(16, dtype=torch.uint8)    # a CUDA generator's state
+    ckpt['rng']['generator_devices'] = {'augment': 'cuda'}
+    torch.save(ckpt, last)
+    out = run_script(script, *flags, '--epochs', 2, '--resume', last)
+    notes = [line for line in out.stdout.splitlines() if line.startswith('note: ')]
+    assert len(notes) == 1 and 'augment generator re-seeded' in notes[0] and 'cuda' in notes[0], out.stdout
+    with open(os.path.join(os.path.dirname(last), 'warnings.txt')) as f:
+        assert 'on resume: the augment generator re-seeded' in f.read()
+    assert load(last)['epoch'] == 2

@@ -111,3 +111,31 @@ def test_chunk_order_round_trip():
     rows = steps.batch_order(parts, 2)
     assert rows[:, 0].tolist() == [0, 1, 2, 100, 101, 102, 200, 201, 3, 4, 5, 103, 104, 105, 202, 203]
     assert all(torch.equal(a, b) for a, b in zip(steps.chunk_order(rows, [3, 3, 2], 2), parts))
+
+
+def test_projection_normalized_in_float32_under_autocast():
+    """bf16 autocast: the unit features (what the loss, the queue and RASCAL's similarities see) are float32
+    normalizations of the projection, and an all-zero projection row stays finite (eps 1e-12 is 0 in float16)."""
+    training = build_training(['--amp', 'bf16'])
+    views, labels, ids = step_batch()
+    h_enc = torch.randn(2 * len(labels), 128, dtype=torch.bfloat16)
+    h_proj = torch.randn(2 * len(labels), 128, dtype=torch.bfloat16)
+    h_proj[3] = 0
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        loss, _, features = training.loss_from_parts(h_enc, h_proj, labels, ids, 2)
+    assert features.dtype == torch.float32 and bool(torch.isfinite(loss))
+    want = torch.nn.functional.normalize(h_proj.float(), dim=1)
+    torch.testing.assert_close(features.transpose(0, 1).reshape(-1, 128), want, rtol=0, atol=0)
+    # power: normalizing in bfloat16 rounds the unit features
+    assert not torch.equal(torch.nn.functional.normalize(h_proj, dim=1).float(), want)
+
+
+def test_key_encoder_is_copied_before_syncbn_conversion(monkeypatch):
+    """``--syncBN`` with a queue: the key encoder keeps plain BatchNorm (shuffled BatchNorm of its own keys);
+    power: a conversion before the copy would give it SyncBatchNorm."""
+    import torch.nn as nn
+    monkeypatch.setattr(steps, 'wrap_model', lambda opt, model: nn.SyncBatchNorm.convert_sync_batchnorm(model))
+    training = build_training(['--queue_size', '64'])
+    kinds = {type(m) for m in training.key_encoder.modules()}
+    assert nn.BatchNorm2d in kinds and nn.SyncBatchNorm not in kinds
+    assert nn.SyncBatchNorm in {type(m) for m in training.model.modules()}

@@ -1,0 +1,146 @@
+"""Counting, on a CPU, the operations that would make the host wait for a CUDA device (a host synchronization).
+
+A CPU run cannot observe a synchronization, but it runs the same operators. :class:`SyncCounter` is a
+``TorchDispatchMode`` that records every operator call whose CUDA form waits for the device, because its
+result's shape or value is needed on the host:
+
+- reading a value: ``_local_scalar_dense`` (``.item()``, ``int(t)``, ``float(t)``, ``bool(t)``, ``if t:``);
+- data-dependent shapes: ``nonzero``, ``unique`` (all forms), ``masked_select``, boolean-mask indexing and
+  index assignment, ``repeat_interleave`` without ``output_size``, ``bincount`` (CUDA's computes its size from
+  the maximum), ``histc`` without a range;
+- ``equal`` (a Python bool);
+- copies to the host: ``.tolist()``, ``.numpy()``, ``.cpu()``, ``.to('cpu')`` (wrapped, since they do not
+  dispatch on a CPU tensor). The code says which copy it means: a string ``'cpu'`` or ``.cpu()`` is a copy to
+  the host, a ``torch.device`` (``opt.device``, ``x.device``) one to the device.
+
+**Host data is not device data.** Labels and dataset ids come from the loader on the host, and work on them
+there (class blocks, which ids repeat) waits for nothing. The tensors given to :meth:`SyncCounter.host` are
+host data, and so is every result of an operator whose tensor inputs are all host data or made by a factory
+(``arange``, ``full``; no tensor input). Only operators with an input that is device data are counted. On a
+CPU ``.to(device)`` returns its input unchanged; while counting it returns a copy that is device data, as a
+real copy to a GPU is.
+
+Under ``torch.cuda.set_sync_debug_mode('error')`` a CUDA run raises at each real synchronization
+(``tests/test_cuda.py``).
+"""
+import weakref
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+aten = torch.ops.aten
+SYNCING = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+           aten.equal.default, aten.bincount.default,
+           aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,
+           aten.unique_dim_consecutive.default}
+HOST_COPIES = ('tolist', 'numpy', 'cpu')
+
+
+class _IdSet:
+    """A set of tensors by identity that does not keep them alive (``WeakSet`` compares tensors with ``==``)."""
+
+    def __init__(self):
+        self._refs = {}
+
+    def add(self, t):
+        self._refs[id(t)] = weakref.ref(t)
+
+    def discard(self, t):
+        self._refs.pop(id(t), None)
+
+    def __contains__(self, t):
+        ref = self._refs.get(id(t))
+        return ref is not None and ref() is t
+
+
+def _bool_index(indices):
+    return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+class SyncCounter(TorchDispatchMode):
+    """``with SyncCounter() as c: c.host(labels, ids); ...`` then ``c.total`` and ``c.counts``
+    (``{operator name: calls}``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+        self._host = _IdSet()
+        self._made = _IdSet()                # made by a factory (no tensor input)
+        self._saved = {}
+
+    def host(self, *tensors):
+        """Mark ``tensors`` as host data (a loader's labels and ids)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._host.add(t)
+
+    def _is_host_side(self, tensors):
+        return bool(tensors) and all(t in self._host or t in self._made for t in tensors) and \
+            any(t in self._host for t in tensors)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        host_side = self._is_host_side(inputs)
+        name = None
+        if func in SYNCING:
+            name = func.overloadpacket.__name__
+        elif func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default) and _bool_index(args[1]):
+            name = f'{func.overloadpacket.__name__} (boolean mask)'
+        elif func is aten.repeat_interleave.Tensor and kwargs.get('output_size') is None:
+            name = 'repeat_interleave (no output_size)'
+        elif func is aten.histc.default and tuple(args[2:4]) in ((), (0, 0)) and not kwargs:
+            name = 'histc (no range)'
+        if name is not None and not host_side:
+            self.counts[name] += 1
+        out = func(*args, **kwargs)
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        for t in outputs:
+            if host_side:
+                self._host.add(t)
+            elif not inputs:
+                self._made.add(t)
+        return out
+
+    def __enter__(self):
+        for method in HOST_COPIES:
+            original = getattr(torch.Tensor, method)
+            self._saved[method] = original
+
+            def wrapped(t, *a, _original=original, _name=method, **k):
+                if t not in self._host:
+                    self.counts[f'Tensor.{_name}'] += 1
+                out = _original(t, *a, **k)
+                if isinstance(out, torch.Tensor):
+                    self._host.add(out)
+                return out
+            setattr(torch.Tensor, method, wrapped)
+        original_to = torch.Tensor.to
+        self._saved['to'] = original_to
+
+        def to(t, *a, **k):
+            """``.to('cpu')`` (a string) is a copy to the host; ``.to(device)`` (a ``torch.device``) one to the
+            device: the code says which it means, since on a CPU run both are the CPU."""
+            out = original_to(t, *a, **k)
+            targets = [x for x in (*a, k.get('device')) if isinstance(x, (torch.device, str))]
+            if any(isinstance(x, str) and x == 'cpu' for x in targets):
+                if t not in self._host:
+                    self.counts['Tensor.to(cpu)'] += 1
+                self._host.add(out)
+            elif targets and out is t and t in self._host:     # a copy to the device: device data from here on
+                out = t.clone()
+                self._host.discard(out)
+            return out
+        torch.Tensor.to = to
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for method, original in self._saved.items():
+            setattr(torch.Tensor, method, original)
+        return super().__exit__(*exc)
+
+    @property
+    def total(self):
+        return sum(self.counts.values())

@@ -1,0 +1,122 @@
+"""The CUDA path, on a machine with a GPU (``pytest -m cuda``; skipped without CUDA, as in CI): every mode end to
+end through the real scripts, exact resume and repeatability with ``--deterministic``, chunked == plain
+gradients, CUDA vs CPU losses on the same inputs, checkpoints moved between CPU and CUDA, and the training step
+under ``torch.cuda.set_sync_debug_mode('error')`` (a host synchronization raises)."""
+import os
+
+import pytest
+import torch
+
+from helpers import build_training, load, only_run_folder, run_script, step_batch
+
+pytestmark = [pytest.mark.cuda, pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')]
+GPU = ['--device', 'cuda', '--num_workers', '0', '--batch_size', '128', '--print_freq', '1000']
+
+MODES = {
+    'supcon': [], 'simclr': ['--method', 'SimCLR'], 'ntlogistic': ['--simclr_loss', 'ntlogistic'],
+    'rascal': ['--method', 'RASCAL'], 'rascal-current': ['--method', 'RASCAL', '--rascal_weighting', 'current'],
+    'rascal-uniform': ['--method', 'RASCAL', '--rascal_weighting', 'uniform'],
+    'carrot': ['--carrot'], 'queue': ['--queue_size', '512'], 'rascal-queue': ['--method', 'RASCAL', '--queue_size', '512'],
+    'chunks': ['--chunk_size', '48'], 'bf16': ['--amp', 'bf16', '--channels_last'],
+    'fp16-carrot': ['--amp', 'fp16', '--carrot'], 'devaug': ['--augment', 'device'],
+    'everything': ['--method', 'RASCAL', '--carrot', '--queue_size', '512', '--chunk_size', '64', '--amp', 'bf16',
+                   '--channels_last', '--augment', 'device'],
+}
+
+
+@pytest.mark.parametrize('mode', list(MODES))
+def test_every_mode_trains_and_evaluates_on_cuda(mode, tmp_path):
+    run_script('main_supcon.py', *GPU, *MODES[mode], '--epochs', 1, '--save_folder', tmp_path / 'pre')
+    last = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    out = run_script('main_linear.py', *GPU, '--epochs', 1, '--ckpt', last, '--save_folder', tmp_path / 'lin')
+    assert 'final test top-1' in out.stdout
+
+
+@pytest.mark.parametrize('flags', [[], ['--carrot', '--amp', 'fp16'], ['--chunk_size', '48', '--augment', 'device']],
+                         ids=['ce', 'ce-carrot-fp16', 'ce-chunks-devaug'])
+def test_ce_on_cuda(flags, tmp_path):
+    out = run_script('main_ce.py', *GPU, *flags, '--epochs', 1, '--save_folder', tmp_path)
+    assert 'final test top-1' in out.stdout
+
+
+@pytest.mark.parametrize('flags', [[], ['--method', 'RASCAL', '--carrot', '--queue_size', '512', '--augment', 'device']],
+                         ids=['supcon', 'rascal-carrot-queue-devaug'])
+def test_deterministic_resume_and_repeat_bit_for_bit_on_cuda(flags, tmp_path):
+    args = [*GPU, '--deterministic', *flags]
+    runs = []
+    for name in ('a', 'b'):
+        run_script('main_supcon.py', *args, '--epochs', 2, '--save_folder', tmp_path / name)
+        runs.append(load(os.path.join(only_run_folder(tmp_path / name), 'last.pth')))
+    run_script('main_supcon.py', *args, '--epochs', 1, '--save_folder', tmp_path / 'c')
+    last = os.path.join(only_run_folder(tmp_path / 'c'), 'last.pth')
+    run_script('main_supcon.py', *args, '--epochs', 2, '--resume', last)
+    runs.append(load(last))
+    for other in runs[1:]:
+        for key, value in runs[0]['model'].items():
+            assert torch.equal(other['model'][key], value), key
+
+
+def test_checkpoints_move_between_cpu_and_cuda(tmp_path):
+    """A CPU run resumed on CUDA and the reverse: every state loads (what cannot is re-seeded with a notice)."""
+    cpu = [a if a != 'cuda' else 'cpu' for a in GPU]
+    for first, then, name in ((cpu, GPU, 'cpu-to-cuda'), (GPU, cpu, 'cuda-to-cpu')):
+        run_script('main_supcon.py', *first, '--augment', 'device', '--epochs', 1, '--save_folder', tmp_path / name)
+        last = os.path.join(only_run_folder(tmp_path / name), 'last.pth')
+        out = run_script('main_supcon.py', *then, '--augment', 'device', '--epochs', 2, '--resume', last)
+        assert 'note: ' in out.stdout and load(last)['epoch'] == 2
+
+
+@pytest.mark.parametrize('argv', [[], ['--method', 'RASCAL'], ['--carrot']], ids=['supcon', 'rascal', 'carrot'])
+def test_chunked_equals_plain_on_cuda(argv):
+    views, labels, ids = step_batch()
+    grads = []
+    for chunk in (0, 6):
+        training = build_training(argv, chunk=chunk, device='cuda')
+        for _ in range(2):
+            training.model.zero_grad()
+            training.step(views, labels, ids)
+        grads.append({n: p.grad.detach().cpu() for n, p in training.model.named_parameters()})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-5)
+
+
+def test_losses_on_cuda_equal_cpu():
+    from losses import SupConLoss
+    from losses_carrot import CARROT
+    from losses_rascal import RASCALLoss
+    g = torch.Generator().manual_seed(0)
+    features = torch.nn.functional.normalize(torch.randn(64, 2, 32, generator=g), dim=-1)
+    labels, ids = torch.randint(0, 5, (64,), generator=g), torch.arange(64)
+    for make, args in ((lambda: SupConLoss(0.1), (features, labels)),
+                       (lambda: RASCALLoss(64, 32, 0.1), (features, labels, ids)),
+                       (lambda: CARROT(), (features.reshape(128, 32), labels.repeat(2)))):
+        values = []
+        for device in ('cpu', 'cuda'):
+            loss = make().to(device)
+            for _ in range(2):     # RASCAL: the second call ranks against the cache
+                value = loss(*[a.to(device) if a.is_floating_point() else a for a in args])
+            values.append(value.cpu())
+        torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('argv', [[], ['--method', 'SimCLR'], ['--method', 'RASCAL'],
+                                  ['--method', 'RASCAL', '--rascal_weighting', 'current'], ['--carrot'],
+                                  ['--queue_size', '64'], ['--method', 'RASCAL', '--queue_size', '64', '--carrot'],
+                                  ['--amp', 'bf16']])
+@pytest.mark.parametrize('chunk', [0, 6])
+def test_training_step_has_no_host_synchronization(argv, chunk):
+    """The same step as tests/test_sync.py counts on a CPU, here under CUDA's sync debug mode: it raises at the
+    first synchronization (after two warm-up steps that fill RASCAL's cache and the queue's host copy)."""
+    views, labels, ids = step_batch()
+    training = build_training(argv, chunk=chunk, device='cuda', train=True)
+    views = [v.pin_memory() for v in views]
+    for i in range(3):
+        training.model.zero_grad()
+        if i == 2:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode('error')
+        try:
+            training.step(views, labels, ids)
+        finally:
+            torch.cuda.set_sync_debug_mode('default')

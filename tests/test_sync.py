@@ -1,0 +1,130 @@
+"""A training step never waits for the device: the operations that would make the host wait for a CUDA device,
+counted on a CPU (tests/sync_count.py), for every method and mode, in steady state (after the steps that fill
+RASCAL's cache and the queue's host copy). The host reads a step's statistics once, in ``engine.train_loop``,
+outside the step."""
+import functools
+
+import pytest
+import torch
+
+import losses_carrot
+from helpers import build_training, step_batch
+from sync_count import SyncCounter
+
+MODES = {
+    'SupCon': [], 'SimCLR': ['--method', 'SimCLR'],
+    'NT-Logistic': ['--simclr_loss', 'ntlogistic'], 'margin triplet': ['--simclr_loss', 'margin_triplet'],
+    'SupCon queue': ['--queue_size', '64'], 'SimCLR queue': ['--method', 'SimCLR', '--queue_size', '64'],
+    'SupCon queue no key encoder': ['--queue_size', '64', '--moco_m', '0'],
+    'RASCAL agreement': ['--method', 'RASCAL'],
+    'RASCAL current': ['--method', 'RASCAL', '--rascal_weighting', 'current'],
+    'RASCAL uniform': ['--method', 'RASCAL', '--rascal_weighting', 'uniform'],
+    'RASCAL queue': ['--method', 'RASCAL', '--queue_size', '64'],
+    'SupCon + CARROT': ['--carrot'], 'SupCon + CARROT on the head': ['--carrot', '--carrot_on', 'head'],
+    'RASCAL + CARROT + queue': ['--method', 'RASCAL', '--carrot', '--queue_size', '64'],
+    'SupCon bf16': ['--amp', 'bf16'],
+}
+
+
+@pytest.fixture
+def accelerator_forms(monkeypatch):
+    """The forms the code takes on an accelerator where a CPU form differs (CARROT's quantile selection)."""
+    monkeypatch.setattr(losses_carrot, 'pair_quantiles',
+                        functools.partial(losses_carrot.pair_quantiles, sync_free=True))
+
+
+def steady_state_syncs(training, steps=3, inject=None):
+    """The counted operations of the last of ``steps`` steps on one fixed batch (labels and ids: host data)."""
+    views, labels, ids = step_batch()
+    with SyncCounter() as counter:
+        counter.host(labels, ids)
+        for i in range(steps):
+            if i == steps - 1:
+                counter.counts.clear()
+                if inject is not None:
+                    inject()
+            training.model.zero_grad()
+            if hasattr(training, 'method'):
+                training.step(views, labels, ids)
+            else:
+                training.step(views[0], labels)
+    return dict(counter.counts)
+
+
+@pytest.mark.parametrize('mode', list(MODES))
+def test_pretraining_step_never_waits_for_the_device(mode, accelerator_forms):
+    assert steady_state_syncs(build_training(MODES[mode], train=True)) == {}
+
+
+@pytest.mark.parametrize('argv', [[], ['--method', 'RASCAL'], ['--carrot']], ids=['SupCon', 'RASCAL', 'CARROT'])
+def test_chunked_step_never_waits_for_the_device(argv, accelerator_forms):
+    assert steady_state_syncs(build_training(argv, chunk=6, train=True)) == {}
+
+
+@pytest.mark.parametrize('argv', [[], ['--carrot']], ids=['CE', 'CE + CARROT'])
+def test_ce_step_never_waits_for_the_device(argv, accelerator_forms):
+    assert steady_state_syncs(build_training(argv, ce=True, train=True)) == {}
+
+
+def test_power_the_counter_sees_a_read_of_device_data(accelerator_forms, monkeypatch):
+    """A deliberate ``.item()`` of a value computed from device data is counted, and so are reading the labels back
+    from the device (``.cpu()`` of device data) and a boolean mask on them; the host marking hides none of it."""
+    import losses
+    training = build_training(['--method', 'RASCAL'], train=True)
+    original = losses.SupConLoss.forward
+
+    def read_back(loss, features, labels=None, mask=None, queue=None):
+        value = original(loss, features, labels, mask, queue)
+        value.item()
+        return value
+    plain = build_training([], train=True)
+    monkeypatch.setattr(losses.SupConLoss, 'forward', read_back)
+    assert steady_state_syncs(plain) == {'_local_scalar_dense': 1}
+    monkeypatch.undo()
+
+    import losses_rascal
+    original_blocks = losses_rascal.class_blocks
+
+    def blocks_from_the_device(labels, device=None):
+        on_device = labels.to(torch.device('cpu'))            # what a GPU copy is: device data
+        on_device[on_device >= 0]                             # a boolean mask on device data
+        return original_blocks(on_device.cpu(), device)       # and read back
+    monkeypatch.setattr(losses_rascal, 'class_blocks', blocks_from_the_device)
+    counts = steady_state_syncs(training)
+    assert counts.get('Tensor.cpu') == 1 and counts.get('index (boolean mask)') == 1, counts
+
+
+def test_device_loader_batches_never_wait_for_the_device():
+    """``--augment device``: a batch's augmentation (the accelerator form: every operation on every row) and its
+    indexing need nothing from the device; labels and ids come on the host."""
+    import numpy as np
+
+    from augment import BatchAugment
+    images = torch.randint(0, 256, (12, 3, 16, 16), dtype=torch.uint8)
+    augment = BatchAugment(16, (0.5,) * 3, (0.25,) * 3, 'natural', 'contrastive', torch.Generator().manual_seed(0))
+    with SyncCounter() as counter:
+        params = augment.sample(24, 16, 16, images.device)
+        augment._apply(images.repeat(2, 1, 1, 1), params, sync_free=True)
+    assert dict(counter.counts) == {}
+    assert np.isfinite(augment._apply(images, augment.sample(12, 16, 16, images.device), sync_free=True).numpy()).all()
+
+
+def test_evaluation_never_waits_for_the_device_per_batch():
+    """``engine.evaluate`` accumulates on the device and reads its totals once, after the last batch: the counts
+    do not grow with the number of batches."""
+    from types import SimpleNamespace
+
+    from engine import evaluate
+    opt = SimpleNamespace(device=torch.device('cpu'), amp='none', channels_last=False)
+
+    def count(n_batches):
+        g = torch.Generator().manual_seed(0)
+        batches = [(torch.randn(8, 5, generator=g), torch.randint(0, 5, (8,), generator=g)) for _ in range(n_batches)]
+        with SyncCounter() as counter:
+            for _, y in batches:
+                counter.host(y)
+            out = evaluate(opt, batches, lambda x: x, 'test', 5)
+        assert 0 <= out['test/acc'] <= 100
+        return dict(counter.counts)
+    few = count(2)
+    assert count(6) == few and sum(few.values()) <= 4, few
