@@ -1,4 +1,5 @@
-"""Analysis of a trained run: per-class vMF concentration, t-SNE maps, effective rank, training curves, RASCAL rank drift.
+"""Analysis of a trained run: per-class vMF concentration, t-SNE maps, effective rank, training curves, RASCAL
+rank drift.
 
     python analyze.py --ckpt save/SupCon/digits/<run>/last.pth
 
@@ -18,10 +19,12 @@ import torch
 
 from checkpoint import load_checkpoint, load_encoder
 from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels, dataset_info
+from flags import UserError
 from knn import extract_features
 from monitors import rankme
 from options import Parser
-from util import UserError, resolve_device, run_cli
+from runtime import Runtime, resolve_device
+from util import run_cli
 
 
 def kappa_hat(features, labels):
@@ -144,14 +147,15 @@ def main(argv=None):
     run = os.path.dirname(os.path.abspath(opt.ckpt))
     out = opt.out or os.path.join(run, 'analysis')
     os.makedirs(out, exist_ok=True)
-    encoder = load_encoder(opt, info.model)
+    runtime = Runtime(opt.device)
+    encoder, opt.model = load_encoder(opt.ckpt, opt.model, info.model, runtime)
     transform = build_transform(opt, 'eval')
     summary = [f'# Analysis of `{opt.ckpt}`', '', f'encoder: {opt.model}, dataset: {opt.dataset}'
                + (' (trained on coarse labels)' if coarse else ''), '']
 
     # per-class vMF concentration on the training split (fine labels; coarse too when trained so)
     train_set = build_dataset(opt, True, transform, 'fine')
-    feats, labels = extract_features(opt, encoder, build_loader(opt, train_set, train=False))
+    feats, labels = extract_features(runtime, encoder, build_loader(opt, train_set, train=False))
     feats, labels = feats.cpu(), labels.cpu()
     kappas = {'fine': kappa_hat(feats, labels)}
     to_coarse = torch.as_tensor(coarse_labels(opt.dataset)[0]) if coarse else None
@@ -169,7 +173,7 @@ def main(argv=None):
 
     # t-SNE of the test split
     test_set = build_dataset(opt, False, transform, 'fine')
-    test_feats, test_labels = extract_features(opt, encoder, build_loader(opt, test_set, train=False))
+    test_feats, test_labels = extract_features(runtime, encoder, build_loader(opt, test_set, train=False))
     rng = np.random.RandomState(opt.seed)
     keep = np.sort(rng.permutation(len(test_labels))[:opt.max_points])
     test_labels = test_labels.cpu()[keep]
@@ -184,7 +188,8 @@ def main(argv=None):
                 f'A relative signal: SupCon\'s optimum has rank <= C - 1 = {n_classes - 1}; compare runs.', '']
 
     metrics = os.path.join(run, 'metrics.csv')
-    if os.path.exists(metrics) and read_csv(metrics) and plot_curves(read_csv(metrics), os.path.join(out, 'curves.png')):
+    curves = os.path.join(out, 'curves.png')
+    if os.path.exists(metrics) and read_csv(metrics) and plot_curves(read_csv(metrics), curves):
         rows = read_csv(metrics)
         last = {k: v for k, v in rows[-1].items() if v}
         summary += ['## Training curves', '', f'{len(rows)} epochs; last epoch:', '', '| metric | value |',

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from datasets_indexed import IndexedDataset
-from util import UserError
+from runtime import register_generator
 
 GRAY = (0.2989, 0.587, 0.114)          # torchvision's RGB -> luma weights for tensors
 
@@ -387,62 +387,39 @@ class BatchAugment:
 
 
 # ---------------------------------------------------------------- the training data on the device
-def in_memory_images(dataset):
-    """``(uint8 [N, H, W, C] numpy array, targets list)`` of a dataset whose images are held in memory:
-    ``data.Digits``, torchvision's CIFAR, and the views of them that ``data`` builds (``Relabeled`` subsets
-    and label maps, ``Subset``, ``IndexedDataset``)."""
-    from torch.utils.data import Subset
-    from data import Digits, Relabeled
-    if isinstance(dataset, IndexedDataset):
-        return in_memory_images(dataset.base)
-    if isinstance(dataset, Subset):
-        images, targets = in_memory_images(dataset.dataset)
-        idx = np.asarray(dataset.indices)
-        return images[idx], np.asarray(targets)[idx].tolist()
-    if isinstance(dataset, Relabeled):
-        images, _ = in_memory_images(dataset.base)
-        return images[np.asarray(dataset.indices)], list(dataset.targets)
-    if isinstance(dataset, Digits):
-        return np.stack([np.asarray(im) for im in dataset.images]), list(dataset.targets)
-    data = getattr(dataset, 'data', None)
-    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4:
-        return data, list(dataset.targets)
-    raise UserError(f'--augment device needs a training set held in memory (digits, cifar10, cifar100 and their '
-                    f'_lt and coarse forms), not {type(dataset).__name__}; use --augment cpu')
-
-
-def augment_generator(opt):
-    """This process's augmentation generator on ``opt.device``, seeded from ``--seed`` and the rank (its state
-    travels in checkpoints with the other RNG states, ``util.get_rng_state``)."""
-    from util import register_generator
-    g = torch.Generator(device=opt.device)
-    g.manual_seed((opt.seed * 1_000_003 + opt.rank * 7_919 + 0x5EED) % 2 ** 63)
+def augment_generator(device, seed, rank=0):
+    """This process's augmentation generator on ``device``, seeded from ``--seed`` and the rank (its state
+    travels in checkpoints with the other RNG states, ``runtime.get_rng_state``)."""
+    g = torch.Generator(device=device)
+    g.manual_seed((seed * 1_000_003 + rank * 7_919 + 0x5EED) % 2 ** 63)
     return register_generator('augment', g)
 
 
 class DeviceLoader:
-    """The loaders of ``--augment device``: the split lives on ``opt.device`` as one uint8 tensor. For training,
+    """The loaders of ``--augment device``: the split lives on ``device`` as one uint8 tensor. For training,
     an epoch is a permutation of its indices (the shard ``DistributedSampler(shuffle=True, seed=--seed)`` would
     give this process) and each batch is augmented by :class:`BatchAugment` on the device; for evaluation
     (``kind 'eval'``) every process reads the whole split in order, normalized. No workers.
 
     Yields what the DataLoader it replaces yields: ``(views list, labels)`` with ``n_views`` (contrastive),
-    ``(images, labels)`` without, and the dataset indices last for an :class:`IndexedDataset`."""
+    ``(images, labels)`` without, and the dataset indices last for an :class:`IndexedDataset`.
 
-    def __init__(self, opt, dataset, kind, n_views=None):
-        from data import dataset_info, mean_std
-        images, targets = in_memory_images(dataset)
+    ``images``, ``targets``: the split's uint8 ``[N, H, W, C]`` array and labels (``data.in_memory_images``);
+    ``batch_size``: this process's; ``size``, ``mean_std``, ``style``: as :class:`BatchAugment`; ``seed``,
+    ``world_size``, ``rank``: the shuffle and this process's shard (training only)."""
+
+    def __init__(self, dataset, images, targets, kind, *, device, batch_size, size, mean_std, style, n_views=None,
+                 seed=0, world_size=1, rank=0, channels_last=False):
         self.dataset, self.n_views, self.with_ids = dataset, n_views, isinstance(dataset, IndexedDataset)
-        self.images = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(opt.device)
+        self.images = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(device)
         self.labels = torch.as_tensor(targets, dtype=torch.long)     # on the host, as a DataLoader yields them
         self.train = kind != 'eval'
-        self.batch_size = opt.local_batch_size if self.train else opt.batch_size
-        self.seed, self.epoch = opt.seed, 0
-        self.world_size, self.rank = (opt.world_size, opt.rank) if self.train else (1, 0)
-        self.channels_last = opt.channels_last
-        mean, std = mean_std(opt)
-        self.augment = BatchAugment(opt.size, mean, std, dataset_info(opt.dataset).augment, kind,
-                                    augment_generator(opt) if self.train else None)
+        self.batch_size = batch_size
+        self.seed, self.epoch = seed, 0
+        self.world_size, self.rank = (world_size, rank) if self.train else (1, 0)
+        self.channels_last = channels_last
+        self.augment = BatchAugment(size, *mean_std, style, kind,
+                                    augment_generator(device, seed, rank) if self.train else None)
         self.sampler = self                      # engine.train_loop calls loader.sampler.set_epoch(epoch)
 
     def set_epoch(self, epoch):

@@ -19,8 +19,8 @@ import warnings
 
 import torch
 
+from flags import UserError
 from networks import build_encoder
-from util import UserError, prepare_model
 
 WRAPPER_PREFIXES = ('module', '_orig_mod')  # DataParallel / DDP and torch.compile
 
@@ -59,7 +59,8 @@ def write_failure(e, folder, size):
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         try:
             free = os.statvfs(folder)
-            reason += f': {size / 2**20:.1f} MB to write, {free.f_bavail * free.f_frsize / 2**20:.1f} MB free in {folder}'
+            free_mb = free.f_bavail * free.f_frsize / 2**20
+            reason += f': {size / 2**20:.1f} MB to write, {free_mb:.1f} MB free in {folder}'
         except OSError:
             pass
     return reason
@@ -112,39 +113,40 @@ def clean_state_dict(state_dict):
             for key, value in state_dict.items()}
 
 
-def load_model_state(model, ckpt, opt, path, what='checkpoint'):
-    """Load ``ckpt['model']`` into ``model``; a model mismatch is a one-line :class:`UserError`."""
+def load_model_state(model, ckpt, model_name, path, what='checkpoint'):
+    """Load ``ckpt['model']`` into ``model`` (a ``--model model_name``); a mismatch is a one-line :class:`UserError`."""
     saved = ckpt['config'].get('model')
-    if saved and saved != opt.model:
-        raise UserError(f'{what} {path} holds a {saved} model but --model is {opt.model}')
+    if saved and saved != model_name:
+        raise UserError(f'{what} {path} holds a {saved} model but --model is {model_name}')
     state = clean_state_dict(ckpt['model'])
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
         n = str(e).count('size mismatch') + str(e).count('Missing key') + str(e).count('Unexpected key')
-        raise UserError(f'{what} {path} does not match --model {opt.model} '
+        raise UserError(f'{what} {path} does not match --model {model_name} '
                         f'({n} kinds of missing, unexpected or mis-shaped weights)') from None
 
 
-def load_encoder(opt, default_model):
-    """The frozen encoder of ``opt.ckpt`` on ``opt.device``. ``--model`` (``opt.model``) defaults to the
-    checkpoint's, else to ``default_model``; a mismatch is a one-line :class:`UserError`."""
-    ckpt = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)')
+def load_encoder(path, model_name, default_model, runtime):
+    """``(frozen encoder, model name)`` of the stage-1 checkpoint ``path`` (``--ckpt``), prepared by ``runtime``
+    (a :class:`runtime.Runtime`). The model is ``model_name`` (``--model``), or when that is ``None`` the
+    checkpoint's, else ``default_model``; a mismatch is a one-line :class:`UserError`."""
+    ckpt = load_checkpoint(path, 'stage-1 checkpoint (--ckpt)')
     saved = ckpt['config'].get('model')
-    if opt.model is None:
-        opt.model = saved or default_model
-    elif saved and saved != opt.model:
-        raise UserError(f'--ckpt {opt.ckpt} holds a {saved} encoder but --model is {opt.model}')
+    if model_name is None:
+        model_name = saved or default_model
+    elif saved and saved != model_name:
+        raise UserError(f'--ckpt {path} holds a {saved} encoder but --model is {model_name}')
     state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items()
              if k.startswith('encoder.')}
     if not state:
-        raise UserError(f'--ckpt {opt.ckpt} has no encoder weights (no "encoder." keys)')
-    encoder, _ = build_encoder(opt.model)
+        raise UserError(f'--ckpt {path} has no encoder weights (no "encoder." keys)')
+    encoder, _ = build_encoder(model_name)
     try:
         encoder.load_state_dict(state)
     except RuntimeError:
-        raise UserError(f'--ckpt {opt.ckpt} does not match --model {opt.model}') from None
-    encoder = prepare_model(opt, encoder).eval()
+        raise UserError(f'--ckpt {path} does not match --model {model_name}') from None
+    encoder = runtime.prepare_model(encoder).eval()
     for p in encoder.parameters():
         p.requires_grad_(False)
-    return encoder
+    return encoder, model_name

@@ -24,8 +24,9 @@ import math
 import os
 import sys
 
+from flags import UserError
 from monitors import CollapseWatch
-from util import UserError, run_cli
+from util import run_cli
 
 COLUMNS = [('final_test_acc', 'test top-1 (%)', 2), ('final_test_ece', 'ECE', 4), ('final_test_nll', 'NLL', 4),
            ('final_test_many_acc', 'many-shot (%)', 2), ('final_test_medium_acc', 'medium-shot (%)', 2),

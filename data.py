@@ -18,10 +18,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import datasets, transforms
 
+from augment import DeviceLoader
+from datasets_indexed import IndexedDataset
 from distributed import barrier, is_main
-from features import Feature, check
-from util import UserError
-
+from flags import Feature, UserError, check
 
 # CIFAR-100's 20 superclasses (Krizhevsky 2009), 5 fine classes each. Fine and coarse indices are
 # the alphabetical orders of the names, as in the dataset's meta file.
@@ -166,19 +166,19 @@ class CIFAR100(_FilesPresentMixin, datasets.CIFAR100):
 
 def _cifar(cls):
     """Loader of CIFAR-10 or CIFAR-100 files under ``--data_folder`` (downloaded when missing and online)."""
-    def load(opt, train, transform):
-        where = os.path.join(opt.data_folder, cls.base_folder)
+    def load(data_folder, size, train, transform):
+        where = os.path.join(data_folder, cls.base_folder)
         if not is_main():
             barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
         present = all(os.path.isfile(os.path.join(where, name)) for name in _cifar_files(cls))
         try:
-            dataset = cls(opt.data_folder, train=train, transform=transform, download=not present)
+            dataset = cls(data_folder, train=train, transform=transform, download=not present)
             if is_main():
                 barrier()
             return dataset
         except Exception as e:  # offline, unreadable or corrupt files
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f'{opt.dataset} not found or unreadable in {where} ({reason}); put the '
+            raise UserError(f'{cls.__name__.lower()} not found or unreadable in {where} ({reason}); put the '
                             f'python-version files ({", ".join(_cifar_files(cls))}) there '
                             f'or point --data_folder at their parent') from None
     return load
@@ -194,27 +194,27 @@ def load_image(path):
                         f'(every file under the train/ and val/ class folders must be a readable image)') from None
 
 
-def _image_folder(opt, split, transform):
-    folder = os.path.join(opt.data_folder, split)
+def _image_folder(data_folder, split, transform):
+    folder = os.path.join(data_folder, split)
     if not os.path.isdir(folder):
         raise UserError(f'--dataset path expects ImageFolder sub-folders train/ and val/ in '
-                        f'{opt.data_folder}; {folder} is missing')
+                        f'{data_folder}; {folder} is missing')
     try:
         return datasets.ImageFolder(folder, transform=transform, loader=load_image)
     except (FileNotFoundError, OSError) as e:
         raise UserError(f'cannot read images in {folder}: {str(e).splitlines()[0]}') from None
 
 
-def _digits(opt, train, transform):
-    return Digits(train=train, size=opt.size, transform=transform)
+def _digits(data_folder, size, train, transform):
+    return Digits(train=train, size=size, transform=transform)
 
 
-def _path(opt, train, transform):
-    ds = _image_folder(opt, 'train' if train else 'val', transform)
+def _path(data_folder, size, train, transform):
+    ds = _image_folder(data_folder, 'train' if train else 'val', transform)
     if not train:
-        ref = _image_folder(opt, 'train', None)
+        ref = _image_folder(data_folder, 'train', None)
         if ds.classes != ref.classes:
-            raise UserError(f'train/ and val/ in {opt.data_folder} have different class folders')
+            raise UserError(f'train/ and val/ in {data_folder} have different class folders')
     return ds
 
 
@@ -222,7 +222,7 @@ def _path(opt, train, transform):
 class DatasetInfo:
     """One row of the dataset table: everything the scripts need to know about a ``--dataset``.
 
-    ``load(opt, train, transform)`` returns the full (balanced) split; ``mean_std`` is the default
+    ``load(data_folder, size, train, transform)`` returns the full (balanced) split; ``mean_std`` is the default
     normalization (``None``: ``--mean``/``--std`` are required); ``size`` and ``model`` are the
     defaults of ``--size`` and ``--model``; ``coarse`` is ``(fine -> coarse index list, coarse
     names)`` or ``None``; ``long_tail``: the training split is LDAM's long-tailed subset
@@ -298,7 +298,7 @@ def build_dataset(opt, train, transform, granularity=None):
     info = dataset_info(opt.dataset)
     granularity = granularity or opt.label_granularity
     mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
-    base = info.load(opt, train, transform)
+    base = info.load(opt.data_folder, opt.size, train, transform)
     indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if info.long_tail and train else None
     noise = train and opt.label_noise > 0
     if indices is None and mapping is None and not noise:
@@ -313,18 +313,18 @@ def build_dataset(opt, train, transform, granularity=None):
     return dataset
 
 
-def save_label_noise(opt, dataset):
+def save_label_noise(run_folder, dataset):
     """``<run>/label_noise.json``: which training labels ``--label_noise`` changed (rank 0; nothing without noise)."""
     noise = getattr(dataset, 'label_noise', None)        # IndexedDataset passes it through
     if noise is not None and is_main():
         import json
-        with open(os.path.join(opt.run_folder, 'label_noise.json'), 'w') as f:
+        with open(os.path.join(run_folder, 'label_noise.json'), 'w') as f:
             json.dump(noise, f)
 
 
-def long_tail_class_counts(opt, dataset):
+def long_tail_class_counts(dataset_name, dataset):
     """Training samples per class for the many/medium/few-shot groups of long-tailed datasets, else ``None``."""
-    return class_counts(dataset) if dataset_info(opt.dataset).long_tail else None
+    return class_counts(dataset) if dataset_info(dataset_name).long_tail else None
 
 
 def num_classes(dataset):
@@ -333,15 +333,16 @@ def num_classes(dataset):
     return len(dataset.classes)   # IndexedDataset passes it through
 
 
-def mean_std(opt):
-    default = dataset_info(opt.dataset).mean_std or (None, None)
-    return opt.mean or default[0], opt.std or default[1]
+def mean_std(dataset_name, mean=None, std=None):
+    """The normalization: ``--mean`` / ``--std`` where given, else the dataset's."""
+    default = dataset_info(dataset_name).mean_std or (None, None)
+    return mean or default[0], std or default[1]
 
 
 def build_transform(opt, kind):
     """``kind``: ``'contrastive'`` (SupContrast's SupCon augmentation), ``'train'`` (crop + flip,
     for CE and linear), ``'eval'`` (none). Digits get no flips and milder crops."""
-    mean, std = mean_std(opt)
+    mean, std = mean_std(opt.dataset, opt.mean, opt.std)
     normalize = transforms.Normalize(mean=mean, std=std)
     info = dataset_info(opt.dataset)
     if kind == 'eval':
@@ -366,8 +367,12 @@ def build_loader(opt, dataset, train, kind=None, n_views=None):
     the device as ``build_transform(opt, kind)`` would (``n_views`` views each, as ``TwoCropTransform``), and an
     evaluation loader reads the split from the device (normalized, in order)."""
     if opt.augment == 'device':
-        from augment import DeviceLoader
-        return DeviceLoader(opt, dataset, kind if train else 'eval', n_views)
+        images, targets = in_memory_images(dataset)
+        return DeviceLoader(dataset, images, targets, kind if train else 'eval', device=opt.device,
+                            batch_size=opt.local_batch_size if train else opt.batch_size, size=opt.size,
+                            mean_std=mean_std(opt.dataset, opt.mean, opt.std), style=dataset_info(opt.dataset).augment,
+                            n_views=n_views, seed=opt.seed, world_size=opt.world_size, rank=opt.rank,
+                            channels_last=opt.channels_last)
     sampler = None
     if train and opt.world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=opt.world_size, rank=opt.rank, shuffle=True,
@@ -380,6 +385,28 @@ def build_loader(opt, dataset, train, kind=None, n_views=None):
                       generator=None if train else torch.Generator().manual_seed(0))
 
 
+def in_memory_images(dataset):
+    """``(uint8 [N, H, W, C] numpy array, targets list)`` of a dataset whose images are held in memory:
+    :class:`Digits`, torchvision's CIFAR, and the views of them that this module builds (``Relabeled`` subsets
+    and label maps, ``Subset``, ``IndexedDataset``): what ``--augment device`` puts on the device."""
+    if isinstance(dataset, IndexedDataset):
+        return in_memory_images(dataset.base)
+    if isinstance(dataset, Subset):
+        images, targets = in_memory_images(dataset.dataset)
+        idx = np.asarray(dataset.indices)
+        return images[idx], np.asarray(targets)[idx].tolist()
+    if isinstance(dataset, Relabeled):
+        images, _ = in_memory_images(dataset.base)
+        return images[np.asarray(dataset.indices)], list(dataset.targets)
+    if isinstance(dataset, Digits):
+        return np.stack([np.asarray(im) for im in dataset.images]), list(dataset.targets)
+    data = getattr(dataset, 'data', None)
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4:
+        return data, list(dataset.targets)
+    raise UserError(f'--augment device needs a training set held in memory (digits, cifar10, cifar100 and their '
+                    f'_lt and coarse forms), not {type(dataset).__name__}; use --augment cpu')
+
+
 def split_train_val(targets, val_fraction, seed):
     """Stratified split of indices ``0..len(targets)-1`` into (train, held-out) sorted lists."""
     from sklearn.model_selection import train_test_split
@@ -389,10 +416,10 @@ def split_train_val(targets, val_fraction, seed):
     return np.sort(train_idx).tolist(), np.sort(val_idx).tolist()
 
 
-# ---------------------------------------------------------------- the data features' flags (features.py)
-def _check_labels(opt, script, given, method):
-    if 'coarse' in (opt.label_granularity, opt.eval_labels):
-        coarse_labels(opt.dataset)    # a one-line error for datasets without superclasses
+# ---------------------------------------------------------------- the data features' flags (flags.py)
+def _check_labels(label_granularity, eval_labels, dataset):
+    if 'coarse' in (label_granularity, eval_labels):
+        coarse_labels(dataset)    # a one-line error for datasets without superclasses
 
 
 LABELS = Feature(
@@ -401,16 +428,15 @@ LABELS = Feature(
                                        help='train on coarse labels: the 20 CIFAR-100 superclasses, or 5 digit groups'),
            '--eval_labels': dict(choices=['fine', 'coarse'], default='fine', scripts=('linear',),
                                  help='labels of the linear classifier (fine: CIFAR-100 classes / digits)')},
-    run_name=lambda opt: ('_coarse' if opt.label_granularity == 'coarse' else '')
-    + ('_evalcoarse' if opt.eval_labels == 'coarse' else ''))
+    run_name=lambda label_granularity, eval_labels: ('_coarse' if label_granularity == 'coarse' else '')
+    + ('_evalcoarse' if eval_labels == 'coarse' else ''))
 
 LONG_TAIL = Feature(
     'long tail (cifar10_lt, cifar100_lt)',
     flags={'--imb_factor': dict(type=float, default=0.01,
                                 help='cifar10_lt/cifar100_lt: smallest/largest class size of the training set')},
-    check=lambda opt, script, given, method: check(0 < opt.imb_factor <= 1,
-                                                   f'--imb_factor must be in (0, 1], got {opt.imb_factor}'),
-    run_name=lambda opt: f'_imb_{opt.imb_factor}' if dataset_info(opt.dataset).long_tail else '')
+    check=lambda imb_factor: check(0 < imb_factor <= 1, f'--imb_factor must be in (0, 1], got {imb_factor}'),
+    run_name=lambda imb_factor, dataset: f'_imb_{imb_factor}' if dataset_info(dataset).long_tail else '')
 
 LABEL_NOISE = Feature(
     'label noise (docs/PROBES.md)',
@@ -418,16 +444,15 @@ LABEL_NOISE = Feature(
                                  help='symmetric label noise: this fraction of the training labels replaced by another '
                                       'class, seeded by --seed and recorded in <run>/label_noise.json; test labels '
                                       'stay clean')},
-    check=lambda opt, script, given, method: check(0 <= opt.label_noise < 1,
-                                                   f'--label_noise must be in [0, 1), got {opt.label_noise}'),
-    run_name=lambda opt: f'_noise_{opt.label_noise}' if opt.label_noise else '')
+    check=lambda label_noise: check(0 <= label_noise < 1, f'--label_noise must be in [0, 1), got {label_noise}'),
+    run_name=lambda label_noise: f'_noise_{label_noise}' if label_noise else '')
 
 
-def _check_augment(opt, script, given, method):
-    if opt.augment == 'device':
+def _check_augment(augment, dataset):
+    if augment == 'device':
         in_memory = ', '.join(name for name, row in DATASETS.items() if row.in_memory)
-        check(dataset_info(opt.dataset).in_memory,
-              f'--augment device needs a dataset held in memory ({in_memory}); --dataset {opt.dataset} decodes '
+        check(dataset_info(dataset).in_memory,
+              f'--augment device needs a dataset held in memory ({in_memory}); --dataset {dataset} decodes '
               f'image files in DataLoader workers: use --augment cpu')
 
 
@@ -436,4 +461,4 @@ AUGMENT = Feature(
     flags={'--augment': dict(choices=['cpu', 'device'], default='cpu',
                              help='training augmentation: cpu (per image, PIL, DataLoader workers: SupContrast\'s) '
                                   'or device (the same pipeline batched on --device; in-memory datasets)')},
-    run_name=lambda opt: '_devaug' if opt.augment == 'device' else '')
+    run_name=lambda augment: '_devaug' if augment == 'device' else '')

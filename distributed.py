@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from util import UserError
+from flags import UserError
 
 
 def is_distributed():
@@ -75,18 +75,18 @@ def init_distributed(opt):
         sys.stdout = open(os.devnull, 'w')
 
 
-def wrap_model(opt, model):
-    """DistributedDataParallel around ``model`` (with SyncBatchNorm for ``--syncBN``); ``model``
+def wrap_model(model, device, sync_bn=False, chunked=False):
+    """DistributedDataParallel around ``model`` (on ``device``; with SyncBatchNorm for ``--syncBN``); ``model``
     itself in one process. Keep the unwrapped module for evaluation and checkpoints. With gradient
-    caching (``--chunk_size``) the step syncs buffers and gradients itself (``broadcast_buffers``,
+    caching (``chunked``: ``--chunk_size``) the step syncs buffers and gradients itself (``broadcast_buffers``,
     ``all_reduce_grads``): no DDP wrapper."""
     if not is_distributed():
         return model
-    if opt.syncBN:
+    if sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    if opt.chunk_size:
+    if chunked:
         return model
-    ids = [opt.device.index] if opt.device.type == 'cuda' else None
+    ids = [device.index] if device.type == 'cuda' else None
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 

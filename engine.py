@@ -7,17 +7,29 @@ import os
 import tempfile
 import time
 from collections import defaultdict
+from typing import Callable, Optional
 
 import torch
 
-from losses import cross_entropy
 from checkpoint import load_checkpoint, load_model_state, save_checkpoint
-from monitors import CollapseWatch
 from distributed import all_gather_object, all_reduce_sum, barrier, init_distributed, is_main, rank, world_size
+from flags import UserError, call_hook
+from losses import cross_entropy
+from monitors import CollapseWatch
 from options import config_dict, resume_conflicts
-from util import (GENERATORS, RUN, AverageMeter, RunLogger, UserError, adjust_learning_rate, autocast, get_rng_state,
-                  keep_freed_memory, progress, rank_rng_state, resolve_device, set_deterministic, set_rng_state,
-                  set_seed, to_device, warmup_learning_rate)
+from runtime import (
+    GENERATORS,
+    Runtime,
+    get_rng_state,
+    keep_freed_memory,
+    rank_rng_state,
+    resolve_device,
+    set_deterministic,
+    set_rng_state,
+    set_seed,
+)
+from schedule import Schedule
+from util import RUN, AverageMeter, RunLogger, progress
 
 
 def setup(opt, run_folder=True):
@@ -93,8 +105,9 @@ class ScaledBackward:
 MAX_SKIPPED_STEPS = 25    # --amp fp16: this many steps skipped in a row end the run (the scale fell by 2^25)
 
 
-def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
-    """One epoch of ``step(batch, backward) -> (loss, batch size, {name: scalar tensor})``.
+def train_loop(loader, optimizer, scaler, epoch, step, desc, schedule: Schedule, print_freq=10):
+    """One epoch of ``step(batch, backward) -> (loss, batch size, {name: scalar tensor})``, with ``schedule``'s
+    warm-up; without a progress bar a line every ``print_freq`` iterations.
 
     The step back-propagates by calling ``backward(loss)`` (a :class:`ScaledBackward`) itself, once or in parts
     (gradient caching); the loop zeroes the gradients before it and steps the optimizer after it. The host
@@ -134,13 +147,13 @@ def train_loop(opt, loader, optimizer, scaler, epoch, step, desc):
         state['in_a_row'] = 0
         for name, value in zip(names, values):
             meters[name].update(value, n)
-        if bar.disable and (idx + 1) % opt.print_freq == 0:
+        if bar.disable and (idx + 1) % print_freq == 0:
             print(f'{desc}: [{epoch}][{idx + 1}/{len(loader)}]\tloss {meters["loss"].avg:.4f}', flush=True)
         elif not bar.disable:
             bar.set_postfix(loss=f'{meters["loss"].avg:.4f}')
 
     for idx, batch in enumerate(bar):
-        warmup_learning_rate(opt, epoch, idx, len(loader), optimizer)
+        schedule.warmup(optimizer, epoch, idx, len(loader))
         optimizer.zero_grad(set_to_none=True)
         loss, n, stats = step(batch, backward)
         scale_before = backward.scale(loss.device) if fp16 else None
@@ -190,20 +203,21 @@ class CalibrationBins:
 
 
 @torch.no_grad()
-def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
+def evaluate(runtime: Runtime, loader, predict, prefix, num_classes, class_counts=None):
     """Over ``loader``: the cross-entropy loss (``<prefix>/nll``), top-1 accuracy, the expected calibration error
     (:class:`CalibrationBins`: 15 equal-width confidence bins, as torchmetrics' ``MulticlassCalibrationError``) of
     ``predict(images) -> logits``, and the per-class accuracy (a list under ``<prefix>/per_class_acc``). With
     ``class_counts`` (training samples per class) also many-shot (> 100), medium-shot (20-100) and few-shot (< 20)
     accuracy: over the test samples of the classes in each group (groups without classes are left out).
     Everything accumulates on the device in fixed shapes and is read once, after the last batch."""
-    ece = CalibrationBins(15, opt.device)
-    classes = torch.arange(num_classes, device=opt.device)
-    totals = torch.zeros(2, dtype=torch.float64, device=opt.device)   # summed NLL, correct; read once
-    per_class = torch.zeros(2, num_classes, dtype=torch.float64, device=opt.device)   # correct, seen
+    device = runtime.device
+    ece = CalibrationBins(15, device)
+    classes = torch.arange(num_classes, device=device)
+    totals = torch.zeros(2, dtype=torch.float64, device=device)   # summed NLL, correct; read once
+    per_class = torch.zeros(2, num_classes, dtype=torch.float64, device=device)   # correct, seen
     for images, labels in progress(loader, f'eval {prefix}'):
-        images, labels = to_device(opt, images), labels.to(opt.device)
-        with autocast(opt):
+        images, labels = runtime.to_device(images), labels.to(device)
+        with runtime.autocast():
             logits = predict(images)
         logits = logits.float()
         hit = logits.argmax(1) == labels
@@ -223,7 +237,9 @@ def evaluate(opt, loader, predict, prefix, num_classes, class_counts=None):
     return out
 
 
-def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, extra=None, scaler=None):
+def fit(opt, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_epoch: Callable[[int], dict],
+        evaluate_epoch: Optional[Callable[[int], dict]] = None, select: Optional[str] = None,
+        extra: Optional[dict] = None, scaler: Optional[torch.amp.GradScaler] = None) -> tuple[dict, Optional[dict]]:
     """Run epochs ``1..opt.epochs`` (or continue from ``--resume``).
 
     ``train_epoch(epoch)`` and ``evaluate_epoch(epoch)`` return metric dicts;
@@ -246,13 +262,13 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
     notices = []
     if opt.resume:
         ckpt = load_checkpoint(opt.resume, 'checkpoint for --resume')    # checked by setup (check_resume)
-        load_model_state(model, ckpt, opt, opt.resume)
+        load_model_state(model, ckpt, opt.model, opt.resume)
         try:
             optimizer.load_state_dict(ckpt['optimizer'])
             for name, obj in extra.items():
                 obj.load_state_dict(ckpt['extra'][name])
             start, best = ckpt['epoch'] + 1, ckpt.get('best')
-            notices += resume_rng(opt, ckpt, start)
+            notices += resume_rng(ckpt, start, opt.seed)
             if scaler is not None and scaler.is_enabled():
                 if ckpt.get('scaler'):
                     scaler.load_state_dict(ckpt['scaler'])
@@ -269,8 +285,9 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
         if logger is not None:
             logger.note(start - 1, f'on resume: {notice}')
     metrics = {}
+    schedule = call_hook(Schedule, opt)
     for epoch in range(start, opt.epochs + 1):
-        adjust_learning_rate(opt, optimizer, epoch)
+        schedule.adjust(optimizer, epoch)
         metrics = train_epoch(epoch)
         metrics['train/lr'] = optimizer.param_groups[0]['lr']
         if evaluate_epoch is not None:
@@ -305,10 +322,11 @@ def fit(opt, model, optimizer, train_epoch, evaluate_epoch=None, select=None, ex
     return metrics, best
 
 
-def resume_rng(opt, ckpt, start):
+def resume_rng(ckpt, start, seed):
     """Restore this process's RNG states from ``ckpt``; returns the notices of what had to be re-seeded (seeded
-    from ``--seed``, the rank and the epoch the run continues with, so a re-seeded resume is reproducible too)."""
-    reseed = opt.seed + 1_000_003 * start + 7_919 * rank()
+    from ``seed``, the rank and the epoch ``start`` the run continues with, so a re-seeded resume is reproducible
+    too)."""
+    reseed = seed + 1_000_003 * start + 7_919 * rank()
     state, why = rank_rng_state(ckpt, rank(), world_size())
     if state is None:
         set_seed(reseed)

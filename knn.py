@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from data import build_dataset, build_loader, build_transform, coarse_labels, num_classes
-from features import Feature, check
+from flags import Feature, UserError, call_hook, check
 from monitors import rankme
-from util import UserError, autocast, progress, to_device
+from runtime import Runtime
+from util import progress
 
 
 def few_shot_indices(targets, shots, seed):
@@ -29,14 +30,14 @@ def few_shot_indices(targets, shots, seed):
 
 
 @torch.no_grad()
-def extract_features(opt, encoder, loader):
+def extract_features(runtime: Runtime, encoder, loader):
     """L2-normalized encoder features and labels of a whole loader: ``([N, D] float32, [N])``."""
     feats, labels = [], []
     for images, y in progress(loader, 'features'):
-        with autocast(opt):
-            h = encoder(to_device(opt, images))
+        with runtime.autocast():
+            h = encoder(runtime.to_device(images))
         feats.append(F.normalize(h.float(), dim=1))
-        labels.append(y.to(opt.device))
+        labels.append(y.to(runtime.device))
     return torch.cat(feats), torch.cat(labels)
 
 
@@ -96,6 +97,7 @@ def knn_monitor(opt, model):
     memory = build_loader(opt, build_dataset(opt, True, transform, 'fine'), train=False)
     test = build_loader(opt, build_dataset(opt, False, transform, 'fine'), train=False)
     n_fine = num_classes(memory.dataset)
+    runtime = call_hook(Runtime, opt)
     # metric -> (fine label -> training label, number of classes)
     label_maps = {'knn/acc': (torch.arange(n_fine, device=opt.device), n_fine)}
     if opt.label_granularity == 'coarse':
@@ -107,8 +109,8 @@ def knn_monitor(opt, model):
         if epoch % opt.knn_every and epoch != opt.epochs:
             return {}
         model.eval()
-        bank, bank_y = extract_features(opt, model.encoder, memory)
-        feats, y = extract_features(opt, model.encoder, test)
+        bank, bank_y = extract_features(runtime, model.encoder, memory)
+        feats, y = extract_features(runtime, model.encoder, test)
         out = {}
         for key, (to, n_cls) in label_maps.items():
             pred = knn_predict(bank, to[bank_y], feats, n_cls, opt.knn_k, opt.knn_t)
@@ -123,12 +125,11 @@ def knn_monitor(opt, model):
     return evaluate_epoch
 
 
-# ---------------------------------------------------------------- the monitor's flags (features.py)
-def _check_monitor(opt, script, given, method):
-    check(opt.knn_every >= 0 and opt.knn_k >= 1 and opt.knn_t > 0,
-          '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')
-    check(opt.knn_shots >= 0, f'--knn_shots must be >= 0 (K labelled images per class; 0: off), got {opt.knn_shots}')
-    check(not opt.knn_shots or opt.knn_every, '--knn_shots is a setting of the kNN monitor: give --knn_every N too')
+# ---------------------------------------------------------------- the monitor's flags (flags.py)
+def _check_monitor(knn_every, knn_k, knn_t, knn_shots):
+    check(knn_every >= 0 and knn_k >= 1 and knn_t > 0, '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')
+    check(knn_shots >= 0, f'--knn_shots must be >= 0 (K labelled images per class; 0: off), got {knn_shots}')
+    check(not knn_shots or knn_every, '--knn_shots is a setting of the kNN monitor: give --knn_every N too')
 
 
 MONITOR = Feature(

@@ -20,14 +20,20 @@ class Loss(nn.Module):
     ``last_stats``: ``{name: 0-d tensor}`` of the last call (the training loop reads all of a step's
     statistics back in one host sync); ``last_hists``: ``{name: bucket counts over equal bins of
     [0, 1]}``. Both are empty for losses without statistics.
-    """
 
-    def __init__(self):
+    A subclass's ``forward(features, labels=None[, ids][, queue=None]) -> 0-d tensor`` takes ``features``
+    ``[B, V, D]`` (unit projections, view-major), ``labels`` ``[B]``, dataset ``ids`` ``[B]`` and a
+    ``memory_queue.QueueView`` (docs/DEVELOPING.md, "Adding a method").
+    """
+    last_stats: dict[str, torch.Tensor]
+    last_hists: dict[str, torch.Tensor]
+
+    def __init__(self) -> None:
         super().__init__()
         self.last_stats, self.last_hists = {}, {}
 
 
-def flatten_views(features):
+def flatten_views(features: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """``[B, V, ...]`` -> (``[V*B, D]`` view-major rows, B, V).
 
     Row ``r = v*B + b`` holds view ``v`` of sample ``b`` (SupContrast's
@@ -180,7 +186,7 @@ class SupConLoss(Loss):
             pos_sum, weight_sum, self_weight = positive_sums(sample_sum, labels, mask)
             b = torch.arange(anchor.shape[0], device=contrast.device) % bsz          # each anchor's sample
             pos_dot = (anchor * pos_sum[b]).sum(1) - self_weight[b] * (anchor * anchor).sum(1)
-            n_pos = n_views * weight_sum[b] - self_weight[b]                          # the anchor is not its own positive
+            n_pos = n_views * weight_sum[b] - self_weight[b]            # the anchor is not its own positive
             if queue is not None and labels is not None:     # same-label valid queue entries are positives
                 q_sum, q_count = queue_positive_sums(labels, queue, q_feat)
                 pos_dot = pos_dot + (anchor * q_sum[b]).sum(1)

@@ -5,9 +5,11 @@ CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and EC
 """
 from data import build_dataset, build_loader, build_transform, long_tail_class_counts, num_classes, save_label_noise
 from engine import evaluate, fit, setup, train_loop, write_results
+from flags import call_hook
 from options import parse_option
+from schedule import Schedule, set_optimizer
 from steps import CETraining
-from util import grad_scaler, run_cli, set_optimizer
+from util import run_cli
 
 
 def main(argv=None):
@@ -15,13 +17,14 @@ def main(argv=None):
     train_set = build_dataset(opt, True, build_transform(opt, 'train'))
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
     train_loader = build_loader(opt, train_set, train=True, kind='train')
-    save_label_noise(opt, train_set)
-    counts = long_tail_class_counts(opt, train_set)
+    save_label_noise(opt.run_folder, train_set)
+    counts = long_tail_class_counts(opt.dataset, train_set)
     test_loader = build_loader(opt, test_set, train=False)
     ce = CETraining(opt, num_classes(train_set))     # model and CARROT
     model = ce.model
-    optimizer = set_optimizer(opt, model.parameters())
-    scaler = grad_scaler(opt)
+    optimizer = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    scaler = ce.runtime.grad_scaler()
+    schedule = call_hook(Schedule, opt)
 
     def step(batch, backward):
         loss, stats = ce.step(*batch, backward=backward)
@@ -29,11 +32,11 @@ def main(argv=None):
 
     def train_epoch(epoch):
         ce.ddp_model.train()
-        return train_loop(opt, train_loader, optimizer, scaler, epoch, step, 'CE')
+        return train_loop(train_loader, optimizer, scaler, epoch, step, 'CE', schedule, opt.print_freq)
 
     def evaluate_epoch(epoch):
         model.eval()
-        return evaluate(opt, test_loader, model, 'test', num_classes(train_set), counts)
+        return evaluate(ce.runtime, test_loader, model, 'test', num_classes(train_set), counts)
 
     print(f'run folder: {opt.run_folder}')
     last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc', scaler=scaler)

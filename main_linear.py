@@ -13,79 +13,93 @@ import numpy as np
 import torch
 
 from checkpoint import load_encoder
-from data import (build_dataset, build_loader, build_transform, coarse_labels, dataset_info, long_tail_class_counts,
-                  num_classes, save_label_noise, split_train_val)
+from data import (
+    build_dataset,
+    build_loader,
+    build_transform,
+    coarse_labels,
+    dataset_info,
+    long_tail_class_counts,
+    num_classes,
+    save_label_noise,
+    split_train_val,
+)
 from distributed import is_main, wrap_model
 from engine import evaluate, fit, setup, train_loop, write_results
+from flags import UserError, call_hook
 from knn import extract_features, knn_predict
 from losses import cross_entropy
 from networks import LinearClassifier
 from options import config_dict, parse_option
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
-from util import UserError, accuracy, autocast, grad_scaler, progress, run_cli, set_optimizer, to_device
+from runtime import Runtime
+from schedule import Schedule, set_optimizer
+from util import accuracy, progress, run_cli
 
 
-def frozen_features(opt, encoder, train, granularity):
-    """Unit encoder features and labels of a split, with the evaluation transform (no augmentation)."""
-    dataset = build_dataset(opt, train, build_transform(opt, 'eval'), granularity)
-    return extract_features(opt, encoder, build_loader(opt, dataset, train=False))
+def within_superclass(frozen, coarse_of, k, t):
+    """``docs/PROBES.md``: fine-label kNN top-1 (``k`` neighbours, temperature ``t``) within each test image's own
+    superclass (``coarse_of[fine]``; all training labels). ``frozen(train, granularity)``: a split's features."""
+    train_feats, train_fine = frozen(True, 'fine')
+    test_feats, test_fine = frozen(False, 'fine')
+    return within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine, coarse_of, k, t)
 
 
-def within_superclass(opt, encoder):
-    """``docs/PROBES.md``: fine-label kNN top-1 within each test image's own superclass (all training labels)."""
-    train_feats, train_fine = frozen_features(opt, encoder, True, 'fine')
-    test_feats, test_fine = frozen_features(opt, encoder, False, 'fine')
-    return within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine,
-                                      coarse_labels(opt.dataset)[0], opt.knn_k, opt.knn_t)
-
-
-def few_shot(opt, encoder):
-    """``--shots K``: per draw, a logistic regression and a kNN on K labelled training images per class, evaluated
-    on the whole test split; results.json holds the mean and std over ``--shot_draws`` draws."""
-    train_feats, train_y = frozen_features(opt, encoder, True, opt.eval_labels)
-    test_feats, test_y = frozen_features(opt, encoder, False, opt.eval_labels)
+def few_shot(frozen, granularity, shots, draws, seed, k, t):
+    """``--shots K``: per draw (``--shot_draws``, seeded from ``--shot_seed``), a logistic regression and a kNN
+    (``k``, ``t``) on K labelled training images per class, evaluated on the whole test split; results.json holds
+    the mean and std over the draws. ``frozen(train, granularity)``: a split's unit features and labels."""
+    train_feats, train_y = frozen(True, granularity)
+    test_feats, test_y = frozen(False, granularity)
     n_cls = int(torch.cat([train_y, test_y]).max()) + 1
     linear, knn = [], []
-    for draw in progress(range(opt.shot_draws), f'{opt.shots}-shot draws'):
-        idx = torch.as_tensor(few_shot_indices(train_y.tolist(), opt.shots, opt.shot_seed + draw), device=train_y.device)
+    for draw in progress(range(draws), f'{shots}-shot draws'):
+        idx = torch.as_tensor(few_shot_indices(train_y.tolist(), shots, seed + draw), device=train_y.device)
         linear.append(linear_probe(train_feats[idx], train_y[idx], test_feats, test_y, n_cls))
-        knn.append(100.0 * (knn_predict(train_feats[idx], train_y[idx], test_feats, n_cls, opt.knn_k, opt.knn_t)
+        knn.append(100.0 * (knn_predict(train_feats[idx], train_y[idx], test_feats, n_cls, k, t)
                             == test_y).double().mean().item())
-    results = {'shots': opt.shots, 'shot_draws': opt.shot_draws, 'shot_seed': opt.shot_seed,
+    results = {'shots': shots, 'shot_draws': draws, 'shot_seed': seed,
                'final_test_acc': float(np.mean(linear)), 'final_test_acc_std_over_draws': float(np.std(linear)),
                'final_test_knn_acc': float(np.mean(knn)), 'final_test_knn_acc_std_over_draws': float(np.std(knn)),
                'draws_test_acc': linear, 'draws_test_knn_acc': knn}
-    print(f'{opt.shots}-shot linear probe: {results["final_test_acc"]:.2f} ± {np.std(linear):.2f} over '
-          f'{opt.shot_draws} draws; {opt.shots}-shot kNN: {results["final_test_knn_acc"]:.2f} ± {np.std(knn):.2f}')
+    print(f'{shots}-shot linear probe: {results["final_test_acc"]:.2f} ± {np.std(linear):.2f} over '
+          f'{draws} draws; {shots}-shot kNN: {results["final_test_knn_acc"]:.2f} ± {np.std(knn):.2f}')
     return results
-
-
-def write_probe_results(opt, results):
-    if is_main():
-        with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
-            json.dump({**results, 'ckpt': os.path.abspath(opt.ckpt), 'config': config_dict(opt)}, f, indent=2)
 
 
 def main(argv=None):
     opt = setup(parse_option('linear', argv))
-    encoder = load_encoder(opt, dataset_info(opt.dataset).model)
+    runtime = call_hook(Runtime, opt)
+    encoder, opt.model = load_encoder(opt.ckpt, opt.model, dataset_info(opt.dataset).model, runtime)
+
+    def frozen(train, granularity):
+        """Unit encoder features and labels of a split, with the evaluation transform (no augmentation)."""
+        dataset = build_dataset(opt, train, build_transform(opt, 'eval'), granularity)
+        return extract_features(runtime, encoder, build_loader(opt, dataset, train=False))
+
+    def superclass_probe():
+        acc = within_superclass(frozen, coarse_labels(opt.dataset)[0], opt.knn_k, opt.knn_t)
+        print(f'within-superclass fine kNN top-1: {acc:.2f}')
+        return acc
+
     if opt.shots:
         if os.path.isfile(os.path.join(opt.run_folder, 'results.json')):
             raise UserError(f'{opt.run_folder} already holds results.json of this probe: start another with a new '
                             f'--trial or --save_folder (or --shot_seed for other draws)')
         print(f'run folder: {opt.run_folder}')
-        results = few_shot(opt, encoder)
+        results = few_shot(frozen, opt.eval_labels, opt.shots, opt.shot_draws, opt.shot_seed, opt.knn_k, opt.knn_t)
         if opt.within_superclass:
-            results['final_test_within_superclass_acc'] = within_superclass(opt, encoder)
-            print(f'within-superclass fine kNN top-1: {results["final_test_within_superclass_acc"]:.2f}')
-        write_probe_results(opt, results)
+            results['final_test_within_superclass_acc'] = superclass_probe()
+        if is_main():
+            with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
+                json.dump({**results, 'ckpt': os.path.abspath(opt.ckpt), 'config': config_dict(opt)}, f, indent=2)
         return
     # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
     train_set = build_dataset(opt, True, build_transform(opt, 'train'), opt.eval_labels)
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'), opt.eval_labels)
     n_cls = num_classes(train_set)
-    save_label_noise(opt, train_set)
-    counts = long_tail_class_counts(opt, train_set)
+    save_label_noise(opt.run_folder, train_set)
+    counts = long_tail_class_counts(opt.dataset, train_set)
     loaders = {}
     if opt.val_split > 0:
         held_out = build_dataset(opt, True, build_transform(opt, 'eval'), opt.eval_labels)
@@ -95,10 +109,11 @@ def main(argv=None):
     loaders['test'] = build_loader(opt, test_set, train=False)
     train_loader = build_loader(opt, train_set, train=True, kind='train')
 
-    classifier = LinearClassifier(opt.model, num_classes=n_cls).to(opt.device)
-    ddp_classifier = wrap_model(opt, classifier)    # the classifier itself in one process
-    optimizer = set_optimizer(opt, classifier.parameters())
-    scaler = grad_scaler(opt)
+    classifier = LinearClassifier(opt.model, num_classes=n_cls).to(runtime.device)
+    ddp_classifier = wrap_model(classifier, runtime.device, opt.syncBN)    # the classifier itself in one process
+    optimizer = set_optimizer(classifier.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    scaler = runtime.grad_scaler()
+    schedule = call_hook(Schedule, opt)
 
     def predict(images, head=classifier):
         with torch.no_grad():
@@ -106,8 +121,8 @@ def main(argv=None):
         return head(features.float())
 
     def step(batch, backward):
-        images, labels = to_device(opt, batch[0]), batch[1].to(opt.device)
-        with autocast(opt):
+        images, labels = runtime.to_device(batch[0]), batch[1].to(runtime.device)
+        with runtime.autocast():
             logits = predict(images, ddp_classifier)
         loss = cross_entropy(logits.float(), labels)
         backward(loss)
@@ -115,13 +130,13 @@ def main(argv=None):
 
     def train_epoch(epoch):
         classifier.train()
-        return train_loop(opt, train_loader, optimizer, scaler, epoch, step, 'Linear')
+        return train_loop(train_loader, optimizer, scaler, epoch, step, 'Linear', schedule, opt.print_freq)
 
     def evaluate_epoch(epoch):
         classifier.eval()
         out = {}
         for split, loader in loaders.items():
-            out.update(evaluate(opt, loader, predict, split, n_cls, counts))
+            out.update(evaluate(runtime, loader, predict, split, n_cls, counts))
         return out
 
     print(f'run folder: {opt.run_folder}')
@@ -130,8 +145,7 @@ def main(argv=None):
     last = last or best
     extra = {}
     if opt.within_superclass:
-        extra['final_test_within_superclass_acc'] = within_superclass(opt, encoder)
-        print(f'within-superclass fine kNN top-1: {extra["final_test_within_superclass_acc"]:.2f}')
+        extra['final_test_within_superclass_acc'] = superclass_probe()
     write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)
     if opt.val_split > 0:
         print(f'best val top-1: {best["val/acc"]:.2f} (epoch {best["epoch"]}), '

@@ -10,11 +10,13 @@ from collections import defaultdict
 from data import TwoCropTransform, build_dataset, build_loader, build_transform, save_label_noise
 from datasets_indexed import IndexedDataset
 from engine import fit, setup, train_loop
+from flags import call_hook
 from knn import knn_monitor
 from methods import get_method
 from options import parse_option
+from schedule import Schedule, set_optimizer
 from steps import Pretraining
-from util import grad_scaler, run_cli, set_optimizer
+from util import run_cli
 
 
 def main(argv=None):
@@ -23,10 +25,11 @@ def main(argv=None):
     if get_method(opt.method).uses_ids or opt.queue_size:     # the queue stores dataset ids too
         train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=2)
-    save_label_noise(opt, train_set)
+    save_label_noise(opt.run_folder, train_set)
     pre = Pretraining(opt, len(train_set))        # model, loss, CARROT, queue, key encoder
-    optimizer = set_optimizer(opt, pre.model.parameters())
-    scaler = grad_scaler(opt)
+    optimizer = set_optimizer(pre.model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    scaler = pre.runtime.grad_scaler()
+    schedule = call_hook(Schedule, opt)
     hists = defaultdict(lambda: 0)     # the loss's histogram counts, summed over the epoch
 
     def step(batch, backward):
@@ -38,7 +41,7 @@ def main(argv=None):
     def train_epoch(epoch):
         pre.ddp_model.train()
         hists.clear()
-        metrics = train_loop(opt, loader, optimizer, scaler, epoch, step, opt.method)
+        metrics = train_loop(loader, optimizer, scaler, epoch, step, opt.method, schedule, opt.print_freq)
         prefix = pre.method.stats_prefix
         metrics.update({f'hist/{prefix}{name}': counts.cpu().clone() for name, counts in hists.items()})
         return metrics

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from distributed import broadcast, gather, rank, world_size
-from features import Feature, check
+from flags import Feature, check
 
 
 class QueueView(NamedTuple):
@@ -66,7 +66,8 @@ class MemoryQueue(nn.Module):
 
     def _host_copy(self):
         if self._host is None:
-            self._host = (self.label.to('cpu', copy=True), self.idx.to('cpu', copy=True), self.valid.to('cpu', copy=True),
+            self._host = (self.label.to('cpu', copy=True), self.idx.to('cpu', copy=True),
+                          self.valid.to('cpu', copy=True),
                           int(self.ptr))
         return self._host
 
@@ -171,19 +172,19 @@ def sample_keys(features):
     return F.normalize(features.float().mean(1), dim=1)
 
 
-# ---------------------------------------------------------------- the queue's flags (features.py)
-def _check_queue(opt, script, given, method):
-    check(opt.queue_size >= 0, f'--queue_size must be >= 0 (0: off), got {opt.queue_size}')
-    if not opt.queue_size:
+# ---------------------------------------------------------------- the queue's flags (flags.py)
+def _check_queue(queue_size, moco_m, shuffle_bn_splits, batch_size, method, method_entry, given):
+    check(queue_size >= 0, f'--queue_size must be >= 0 (0: off), got {queue_size}')
+    if not queue_size:
         stray = [f for f in ('moco_m', 'shuffle_bn_splits') if f in given]
         check(not stray, f'--{stray[0] if stray else ""} needs --queue_size')
         return
-    check(method.takes_queue, f'--queue_size is not defined for --method {opt.method}')
-    check(opt.queue_size >= opt.batch_size, f'--queue_size {opt.queue_size} is smaller than the (global) batch '
-                                            f'{opt.batch_size}: one step would overwrite its own keys')
-    check(0 <= opt.moco_m < 1, f'--moco_m must be in [0, 1), got {opt.moco_m}')
-    check('shuffle_bn_splits' not in given or opt.moco_m > 0, '--shuffle_bn_splits needs a key encoder (--moco_m > 0)')
-    check(opt.shuffle_bn_splits >= 1, f'--shuffle_bn_splits must be >= 1, got {opt.shuffle_bn_splits}')
+    check(method_entry.takes_queue, f'--queue_size is not defined for --method {method}')
+    check(queue_size >= batch_size, f'--queue_size {queue_size} is smaller than the (global) batch '
+                                    f'{batch_size}: one step would overwrite its own keys')
+    check(0 <= moco_m < 1, f'--moco_m must be in [0, 1), got {moco_m}')
+    check('shuffle_bn_splits' not in given or moco_m > 0, '--shuffle_bn_splits needs a key encoder (--moco_m > 0)')
+    check(shuffle_bn_splits >= 1, f'--shuffle_bn_splits must be >= 1, got {shuffle_bn_splits}')
 
 
 QUEUE = Feature(
@@ -196,4 +197,4 @@ QUEUE = Feature(
            '--shuffle_bn_splits': dict(type=int, default=8,
                                        help='with a key encoder in one process: BatchNorm over this many shuffled '
                                             'sub-batches of the keys')},
-    run_name=lambda opt: f'_queue_{opt.queue_size}_m_{opt.moco_m}' if opt.queue_size else '')
+    run_name=lambda queue_size, moco_m: f'_queue_{queue_size}_m_{moco_m}' if queue_size else '')

@@ -10,15 +10,15 @@ it is not empty. ``main_supcon.py`` never branches on a method's name.
 Adding a method (docs/DEVELOPING.md, "Adding a method")::
 
     from methods import Method, register
-    register(Method('MyLoss', build=lambda opt, num_samples: MyLoss(opt.temp),
+    register(Method('MyLoss', build=lambda temp, num_samples: MyLoss(temp),
                     flags={'--my_weight': dict(type=float, default=0.5, help='...')}))
 """
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+from flags import UserError, call_hook
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_rascal import WEIGHTINGS, RASCALLoss
-from util import UserError
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,9 @@ class Method:
 
     Attributes:
         name: the ``--method`` value.
-        build: ``build(opt, num_samples) -> Loss``. The loss is called as ``loss(features, labels)``
+        build: a hook (``flags.call_hook``: its parameters name the option fields it reads, and
+            ``num_samples``, the training set's size) that returns the :class:`losses.Loss`. The loss is called
+            as ``loss(features, labels)``
             or, with ``uses_ids``, ``loss(features, labels, ids)``: ``features`` ``[B, V, D]`` unit
             projections, ``labels`` ``[B]`` (``None`` without ``uses_labels``), ``ids`` ``[B]`` dataset
             indices. Under torchrun all three are the global batch.
@@ -38,31 +40,28 @@ class Method:
         flags: the method's own flags, ``{'--flag': argparse keywords}``. Their ``default`` applies
             when the method is chosen; given with another method, such a flag is a one-line error.
             Methods may share a flag (same keywords).
-        check: ``check(opt)`` after the defaults are filled: raise :class:`util.UserError` on a bad
-            combination, fill values that depend on other flags.
-        run_name: ``run_name(opt) -> (method part, scale part)`` of the run folder's name
+        check: a hook run after the defaults are filled: raise :class:`flags.UserError` on a bad
+            combination; it may return ``{field: value}`` for values that depend on other flags.
+        run_name: a hook returning ``(method part, scale part)`` of the run folder's name
             (default: ``(name, 'temp_<--temp>')``).
         stats_prefix: the loss's statistics are logged as ``train/<stats_prefix><name>``.
     """
     name: str
-    build: Callable
+    build: Callable[..., Any]
     help: str = ''
     uses_labels: bool = True
     uses_ids: bool = False
     takes_queue: bool = False
-    flags: dict = field(default_factory=dict)
-    check: Optional[Callable] = None
-    run_name: Optional[Callable] = None
+    flags: dict[str, dict[str, Any]] = field(default_factory=dict)
+    check: Optional[Callable[..., Optional[dict]]] = None
+    run_name: Optional[Callable[..., tuple[str, str]]] = None
     stats_prefix: str = ''
 
-    def name_parts(self, opt):
-        return self.run_name(opt) if self.run_name else (self.name, f'temp_{opt.temp}')
+
+METHODS: dict[str, Method] = {}
 
 
-METHODS = {}
-
-
-def register(method):
+def register(method: Method) -> Method:
     """Add ``method`` to the registry (``--method`` choices); a name may be registered once."""
     if method.name in METHODS:
         raise ValueError(f'method {method.name!r} is registered already')
@@ -74,7 +73,7 @@ def register(method):
     return method
 
 
-def get_method(name):
+def get_method(name: str) -> Method:
     return METHODS[name]
 
 
@@ -98,7 +97,7 @@ def apply_method_flags(opt):
         elif getattr(opt, dest) is not None:
             raise UserError(f'{flag} needs --method {" or ".join(owners)} (got --method {opt.method})')
     if method.check is not None:
-        method.check(opt)
+        vars(opt).update(call_hook(method.check, opt) or {})
 
 
 # ---------------------------------------------------------------- SupCon and SimCLR (and their loss family)
@@ -110,29 +109,30 @@ SIMCLR_FAMILY_FLAGS = {
 }
 
 
-def _check_simclr_family(opt):
-    if opt.margin is not None and opt.simclr_loss != 'margin_triplet':
+def _check_simclr_family(margin, simclr_loss, queue_size):
+    if margin is not None and simclr_loss != 'margin_triplet':
         raise UserError('--margin needs --simclr_loss margin_triplet')
-    if opt.simclr_loss == 'margin_triplet':
-        opt.margin = 1.0 if opt.margin is None else opt.margin
-        if not opt.margin >= 0:
-            raise UserError(f'--margin must be >= 0, got {opt.margin}')
-    if opt.queue_size and opt.simclr_loss != 'ntxent':
+    if simclr_loss == 'margin_triplet':
+        margin = 1.0 if margin is None else margin
+        if not margin >= 0:
+            raise UserError(f'--margin must be >= 0, got {margin}')
+    if queue_size and simclr_loss != 'ntxent':
         raise UserError(f'--queue_size needs --simclr_loss ntxent (the queue is defined for NT-Xent), '
-                        f'got {opt.simclr_loss}')
+                        f'got {simclr_loss}')
+    return {'margin': margin}
 
 
-def _build_simclr_family(opt, num_samples):
-    if opt.simclr_loss == 'ntlogistic':
-        return NTLogisticLoss(temperature=opt.temp)
-    if opt.simclr_loss == 'margin_triplet':
-        return MarginalTripletLoss(margin=opt.margin)
-    return SupConLoss(temperature=opt.temp)
+def _build_simclr_family(simclr_loss, temp, margin):
+    if simclr_loss == 'ntlogistic':
+        return NTLogisticLoss(temperature=temp)
+    if simclr_loss == 'margin_triplet':
+        return MarginalTripletLoss(margin=margin)
+    return SupConLoss(temperature=temp)
 
 
-def _simclr_family_name(opt):
-    method = opt.method + ('' if opt.simclr_loss == 'ntxent' else f'-{opt.simclr_loss}')
-    return method, (f'margin_{opt.margin}' if opt.simclr_loss == 'margin_triplet' else f'temp_{opt.temp}')
+def _simclr_family_name(method, simclr_loss, margin, temp):
+    name = method + ('' if simclr_loss == 'ntxent' else f'-{simclr_loss}')
+    return name, (f'margin_{margin}' if simclr_loss == 'margin_triplet' else f'temp_{temp}')
 
 
 register(Method('SupCon', _build_simclr_family, help='supervised contrastive (Khosla et al. 2020)',
@@ -143,15 +143,15 @@ register(Method('SimCLR', _build_simclr_family, help='self-supervised (Chen et a
 
 
 # ---------------------------------------------------------------- RASCAL
-def _build_rascal(opt, num_samples):
+def _build_rascal(num_samples, feat_dim, temp, rascal_weighting):
     # the cache is sized by the dataset and the head; it travels in checkpoints
-    return RASCALLoss(num_samples, opt.feat_dim, temperature=opt.temp, base_temperature=opt.temp,
-                      weighting=opt.rascal_weighting, persistent_cache=True)
+    return RASCALLoss(num_samples, feat_dim, temperature=temp, base_temperature=temp,
+                      weighting=rascal_weighting, persistent_cache=True)
 
 
-def _rascal_name(opt):
-    suffix = '' if opt.rascal_weighting == 'agreement' else f'-{opt.rascal_weighting}'
-    return f'RASCAL{suffix}', f'temp_{opt.temp}'
+def _rascal_name(rascal_weighting, temp):
+    suffix = '' if rascal_weighting == 'agreement' else f'-{rascal_weighting}'
+    return f'RASCAL{suffix}', f'temp_{temp}'
 
 
 register(Method('RASCAL', _build_rascal, help='rank-agreement weighted SupCon (docs/RASCAL.md)', uses_ids=True,

@@ -6,7 +6,7 @@ and in a few script-specific flags. Three sources of flags, collected here:
 - the core flags below (run, data, model, optimization);
 - ``--method`` and each method's own flags, from the registry in ``methods.py``;
 - the features (``FEATURES``): each declares its flags with their real defaults, its checks, its part of the
-  run name and what may change on ``--resume``, next to the code that reads them (``features.Feature``).
+  run name and what may change on ``--resume``, next to the code that reads them (``flags.Feature``).
 
 ``parse_option`` parses, fills the defaults that depend on other flags, validates and names the run
 folder; it touches no device, process group or file (``engine.setup`` does). Every field exists for every
@@ -17,14 +17,15 @@ import math
 import os
 
 from data import AUGMENT, DATASETS, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info
-from features import SCRIPTS, check, dest, epoch_list, floats
+from flags import SCRIPTS, call_hook, check, dest, epoch_list, floats
 from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
 from networks import MODELS
 from probes import PROBES
+from runtime import PRECISION, REPRODUCIBILITY
+from schedule import SCHEDULE
 from steps import CARROT_FLAGS, CHUNKS
-from util import PRECISION, REPRODUCIBILITY, SCHEDULE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours).
 FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, SCHEDULE, PRECISION, AUGMENT, CHUNKS, MONITOR,
@@ -174,13 +175,14 @@ def validate(opt, script, given):
     method = get_method(opt.method) if script == 'supcon' else None
     for feature in FEATURES:
         if feature.check is not None and script in feature.scripts:
-            feature.check(opt, script, given, method)
+            vars(opt).update(call_hook(feature.check, opt, script=script, given=given, method_entry=method) or {})
 
 
 def run_name(opt, script):
     """SupContrast's naming of a run folder from its settings."""
     if script == 'supcon':
-        method, scale = get_method(opt.method).name_parts(opt)
+        entry = get_method(opt.method)
+        method, scale = call_hook(entry.run_name, opt) if entry.run_name else (entry.name, f'temp_{opt.temp}')
         name = (f'{method}_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
                 f'_bsz_{opt.batch_size}_{scale}_trial_{opt.trial}')
     elif script == 'ce':
@@ -192,7 +194,7 @@ def run_name(opt, script):
         name = f'{pretrain}_{stem}_lr_{opt.learning_rate}_bsz_{opt.batch_size}_trial_{opt.trial}'
         if opt.shots:
             name = f'{pretrain}_{stem}_shots_{opt.shots}_draws_{opt.shot_draws}_seed_{opt.shot_seed}_trial_{opt.trial}'
-    return name + ''.join(f.run_name(opt) for f in FEATURES if f.run_name is not None)
+    return name + ''.join(call_hook(f.run_name, opt) for f in FEATURES if f.run_name is not None)
 
 
 def parse_option(script, argv=None):

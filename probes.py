@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from data import coarse_labels
-from features import Feature, check
+from flags import Feature, check
 from knn import few_shot_indices, knn_predict  # noqa: F401  (few_shot_indices: part of this module's API)
 from losses import cross_entropy
 
@@ -53,13 +53,13 @@ def within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine, c
     return 100.0 * correct / test_fine.numel()
 
 
-# ---------------------------------------------------------------- the probes' flags (features.py)
-def _check_probes(opt, script, given, method):
-    check(opt.shots is None or opt.shots >= 1, f'--shots must be >= 1 (K labelled images per class), got {opt.shots}')
-    check(opt.shot_draws >= 1, f'--shot_draws must be >= 1, got {opt.shot_draws}')
-    check(opt.shots is None or opt.val_split == 0, '--shots fits the probe to convergence: --val_split has no use')
-    if opt.within_superclass:
-        coarse_labels(opt.dataset)    # a one-line error for datasets without superclasses
+# ---------------------------------------------------------------- the probes' flags (flags.py)
+def _check_probes(shots, shot_draws, val_split, within_superclass, dataset):
+    check(shots is None or shots >= 1, f'--shots must be >= 1 (K labelled images per class), got {shots}')
+    check(shot_draws >= 1, f'--shot_draws must be >= 1, got {shot_draws}')
+    check(shots is None or val_split == 0, '--shots fits the probe to convergence: --val_split has no use')
+    if within_superclass:
+        coarse_labels(dataset)    # a one-line error for datasets without superclasses
 
 
 PROBES = Feature(

@@ -18,33 +18,42 @@ Each step runs in one of two ways with the same loss code (``Pretraining.loss_fr
   chunk, in the second forward.
 """
 import contextlib
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from distributed import (all_reduce_grads, all_reduce_sum, broadcast_buffers, gather, gather_labels, gather_with_grad,
-                         wrap_model)
-from features import Feature, check
+from distributed import (
+    all_reduce_grads,
+    all_reduce_sum,
+    broadcast_buffers,
+    gather,
+    gather_labels,
+    gather_with_grad,
+    wrap_model,
+)
+from flags import Feature, UserError, call_hook, check
+from losses import cross_entropy
 from losses_carrot import CARROT, grad_balanced_total_loss
 from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
-from methods import METHODS, get_method
+from methods import METHODS, Method, get_method
 from monitors import collapse_statistics
 from networks import SupCEResNet, SupConResNet
-from losses import cross_entropy
-from util import UserError, accuracy, autocast, prepare_model, to_device
+from runtime import Runtime
+from util import accuracy
 
 
-def carrot_term(opt, carrot, base, h, labels, params=(), scale=None):
-    """``base + alpha * CARROT(h, labels)`` (alpha gradient-balanced unless ``--carrot_weight``) and
-    the step's statistics. ``params``: parameters between ``h`` and ``base`` (head, classifier); ``scale``: the
-    loss scale of the step's backward (``--amp fp16``; the balance takes its gradients of the scaled terms)."""
+def carrot_term(carrot, base, h, labels, params=(), scale=None, weight=None, alpha_max=1.0):
+    """``base + alpha * CARROT(h, labels)`` (alpha gradient-balanced and capped at ``alpha_max`` unless a fixed
+    ``weight``: ``--carrot_weight``, ``--carrot_alpha_max``) and the step's statistics. ``params``: parameters
+    between ``h`` and ``base`` (head, classifier); ``scale``: the loss scale of the step's backward
+    (``--amp fp16``; the balance takes its gradients of the scaled terms)."""
     # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
     reg = carrot(gather_with_grad(h), gather_labels(labels, h.device))
     balance = {}
-    total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=opt.carrot_weight,
-                                            alpha_max=opt.carrot_alpha_max, reduce_sum=all_reduce_sum, stats=balance,
-                                            scale=scale)
+    total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=weight, alpha_max=alpha_max,
+                                            reduce_sum=all_reduce_sum, stats=balance, scale=scale)
     return total, {**{f'carrot/{k}': v for k, v in carrot.last_stats.items()}, 'carrot/alpha': alpha,
                    'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
 
@@ -61,27 +70,31 @@ class Pretraining:
     ``num_samples``: the training set's size (RASCAL's cache). ``model``: an unprepared ``SupConResNet``
     to use instead of a new one (tests put dropout into it)."""
 
-    def __init__(self, opt, num_samples, model=None):
-        self.opt = opt
-        self.method = get_method(opt.method)
+    def __init__(self, opt, num_samples: int, model: Optional[SupConResNet] = None):
+        self.runtime = runtime = call_hook(Runtime, opt)
+        self.method: Method = get_method(opt.method)
+        self.chunk_size, self.shuffle_bn_splits = opt.chunk_size, opt.shuffle_bn_splits
+        self.carrot_on = opt.carrot_on
+        self.carrot_weight, self.carrot_alpha_max = opt.carrot_weight, opt.carrot_alpha_max
         if model is None:
             model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim)
-        self.model = prepare_model(opt, model)
+        self.model = runtime.prepare_model(model)
         # a copy of the model as it starts, before --syncBN converts its BatchNorm: the key encoder's statistics
         # stay its own (shuffled BatchNorm, docs/QUEUE.md)
         self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
-        self.ddp_model = wrap_model(opt, self.model)      # the model itself in one process
-        self.criterion = self.method.build(opt, num_samples).to(opt.device)
+        self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
+        self.criterion = call_hook(self.method.build, opt, num_samples=num_samples).to(runtime.device)
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
-        self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(opt.device) if opt.queue_size else None
+        self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
 
-    def checkpointed(self):
+    def checkpointed(self) -> dict[str, torch.nn.Module]:
         """``{key: module}`` of the state saved next to the model: the loss's own state (RASCAL's cache),
         the queue and the key encoder, where they exist and hold state."""
         parts = (('criterion', self.criterion), ('queue', self.queue), ('key_encoder', self.key_encoder))
         return {name: obj for name, obj in parts if obj is not None and obj.state_dict()}
 
-    def step(self, views, labels, ids=None, backward=torch.Tensor.backward):
+    def step(self, views: list[torch.Tensor], labels: torch.Tensor, ids: Optional[torch.Tensor] = None,
+             backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One step on ``views`` (a list of ``[b, C, H, W]``), ``labels`` ``[b]`` and dataset ``ids`` ``[b]``:
         computes the loss, calls ``backward(loss)`` (``GradScaler``'s scaled backward in training) and returns
         ``(loss, statistics)``. Plain or gradient caching (``--chunk_size``). With a queue the loss also
@@ -90,21 +103,21 @@ class Pretraining:
         ``labels`` and ``ids`` are used where they are: a loader's host tensors stay on the host, where the losses
         build what depends on their values, so the step never waits for the device (docs/USAGE.md,
         "Host synchronizations")."""
-        opt, model = self.opt, self.model
+        runtime, model = self.runtime, self.model
         n_views = len(views)
         kept = {}
         queue_stats = self.queue.statistics(self._global_labels(labels)) if self.queue is not None else {}
-        scale = backward.scale(opt.device) if hasattr(backward, 'scale') else None
+        scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
 
         def loss_from(h_enc, h_proj):
             loss, stats, kept['features'] = self.loss_from_parts(h_enc, h_proj, labels, ids, n_views, scale)
             return loss, stats
-        if opt.chunk_size:
-            loss, stats = cached_step(opt, model, model.encoder, model.head, views, opt.chunk_size, loss_from,
+        if self.chunk_size:
+            loss, stats = cached_step(runtime, model, model.encoder, model.head, views, self.chunk_size, loss_from,
                                       backward)
         else:
-            images = device_batch(opt, views)                           # view-major rows: v * bsz + b
-            with autocast(opt):
+            images = device_batch(runtime, views)                       # view-major rows: v * bsz + b
+            with runtime.autocast():
                 h_enc, h_proj = self.ddp_model(images, parts=True)
             loss, stats = loss_from(h_enc, h_proj)
             backward(loss)
@@ -114,7 +127,7 @@ class Pretraining:
         return loss, stats
 
     def _global_labels(self, labels):
-        return gather_labels(labels, self.opt.device) if self.method.uses_labels else None
+        return gather_labels(labels, self.runtime.device) if self.method.uses_labels else None
 
     def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views, scale=None):
         """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` from the encoder
@@ -123,14 +136,14 @@ class Pretraining:
         this step. The projection is normalized in float32 whatever the autocast dtype (unit features, queue keys
         and RASCAL's similarities are not rounded to 16 bits; an all-zero row stays finite). ``scale``: the loss
         scale of the backward (``--amp fp16``), for CARROT's balance."""
-        opt, method = self.opt, self.method
+        method = self.method
         bsz = labels.shape[0]
         features = F.normalize(h_proj.float(), dim=1)
         features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
         features = gather_with_grad(features)                       # no-op in one process
         args = (features, self._global_labels(labels))
         if method.uses_ids:
-            args += (gather_labels(ids, opt.device),)
+            args += (gather_labels(ids, self.runtime.device),)
         loss = self.criterion(*args, queue=self.queue.view()) if self.queue is not None else self.criterion(*args)
         stats = {f'{method.stats_prefix}{k}': v for k, v in self.criterion.last_stats.items()}
         # collapse monitors of the global batch (the projections are gathered already)
@@ -138,8 +151,9 @@ class Pretraining:
                      **collapse_statistics(features.detach().reshape(-1, features.shape[-1]), 'proj'))
         if self.carrot is not None:
             # rows of h are view-major like the images, so labels are repeated (not interleaved)
-            h, params = (h_enc, self.model.head.parameters()) if opt.carrot_on == 'encoder' else (h_proj, ())
-            loss, carrot_stats = carrot_term(opt, self.carrot, loss, h, labels.repeat(n_views), params, scale)
+            h, params = (h_enc, self.model.head.parameters()) if self.carrot_on == 'encoder' else (h_proj, ())
+            loss, carrot_stats = carrot_term(self.carrot, loss, h, labels.repeat(n_views), params, scale,
+                                             self.carrot_weight, self.carrot_alpha_max)
             stats.update(carrot_stats)
         return loss, stats, features.detach()
 
@@ -149,22 +163,22 @@ class Pretraining:
         normalized view mean of the key encoder's features (updated from the model first; shuffled BatchNorm),
         or of the detached query ``features`` ``[B, V, D]`` without a key encoder. Returns
         ``queue/key_query_cos`` (with a key encoder)."""
-        opt = self.opt
+        runtime = self.runtime
         queries = sample_keys(features)
         stats = {}
         if self.key_encoder is None:
             keys = queries
         else:
             self.key_encoder.update(self.model)
-            images = device_batch(opt, views)
+            images = device_batch(runtime, views)
 
             def forward(key_model, part):
-                with autocast(opt):
+                with runtime.autocast():
                     return key_model(part).float()
-            out = key_features(self.key_encoder.model, images, opt.shuffle_bn_splits, forward)   # [V*b, D]
+            out = key_features(self.key_encoder.model, images, self.shuffle_bn_splits, forward)   # [V*b, D]
             keys = gather(sample_keys(torch.stack(torch.split(out, labels.shape[0], dim=0), dim=1)))
             stats['queue/key_query_cos'] = (keys * queries).sum(1).mean()
-        self.queue.enqueue(keys, gather_labels(labels, opt.device), gather_labels(ids, opt.device))
+        self.queue.enqueue(keys, gather_labels(labels, runtime.device), gather_labels(ids, runtime.device))
         return stats
 
 
@@ -174,22 +188,27 @@ class CETraining:
     encoder and a linear classifier; ``ddp_model`` under torchrun) and ``carrot`` (``--carrot``, on the
     penultimate features). ``model``: an unprepared ``SupCEResNet`` to use instead of a new one."""
 
-    def __init__(self, opt, num_classes, model=None):
-        self.opt = opt
-        self.model = prepare_model(opt, model if model is not None else SupCEResNet(opt.model, num_classes=num_classes))
-        self.ddp_model = wrap_model(opt, self.model)      # the model itself in one process
+    def __init__(self, opt, num_classes: int, model: Optional[SupCEResNet] = None):
+        self.runtime = runtime = call_hook(Runtime, opt)
+        self.chunk_size = opt.chunk_size
+        self.carrot_weight, self.carrot_alpha_max = opt.carrot_weight, opt.carrot_alpha_max
+        if model is None:
+            model = SupCEResNet(opt.model, num_classes=num_classes)
+        self.model = runtime.prepare_model(model)
+        self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
 
-    def step(self, images, labels, backward=torch.Tensor.backward):
+    def step(self, images: torch.Tensor, labels: torch.Tensor,
+             backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One step on ``images`` ``[b, C, H, W]`` and ``labels`` ``[b]``: as :meth:`Pretraining.step`, with one
         view and no queue. Returns ``(loss, statistics)``."""
-        opt = self.opt
-        scale = backward.scale(opt.device) if hasattr(backward, 'scale') else None
-        if opt.chunk_size:
-            return cached_step(opt, self.model, self.model.encoder, self.model.fc, [images], opt.chunk_size,
+        runtime = self.runtime
+        scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
+        if self.chunk_size:
+            return cached_step(runtime, self.model, self.model.encoder, self.model.fc, [images], self.chunk_size,
                                lambda h, logits: self.loss_from_parts(h, logits, labels, scale), backward)
-        with autocast(opt):
-            h, logits = self.ddp_model(to_device(opt, images), parts=True)
+        with runtime.autocast():
+            h, logits = self.ddp_model(runtime.to_device(images), parts=True)
         loss, stats = self.loss_from_parts(h, logits, labels, scale)
         backward(loss)
         return loss.detach(), stats
@@ -201,24 +220,25 @@ class CETraining:
         loss = cross_entropy(logits.float(), on_device)  # this process's batch; DDP averages the gradients
         stats = {'acc': accuracy(logits, on_device)[0], **collapse_statistics(h, 'enc')}
         if self.carrot is not None:
-            loss, carrot_stats = carrot_term(self.opt, self.carrot, loss, h, labels, self.model.fc.parameters(), scale)
+            loss, carrot_stats = carrot_term(self.carrot, loss, h, labels, self.model.fc.parameters(), scale,
+                                             self.carrot_weight, self.carrot_alpha_max)
             stats.update(carrot_stats)
         return loss, stats
 
 
 # ---------------------------------------------------------------- gradient caching
-def device_batch(opt, views):
+def device_batch(runtime, views):
     """The views of a batch as one view-major tensor on the device: each view is copied on its own (from the
     loader's pinned memory, asynchronously) and concatenated there, not on the host in pageable memory."""
-    return to_device(opt, torch.cat([v.to(opt.device, non_blocking=True) for v in views], dim=0))
+    return runtime.to_device(torch.cat([v.to(runtime.device, non_blocking=True) for v in views], dim=0))
 
 
-def chunk_images(opt, views, chunk_size):
+def chunk_images(runtime, views, chunk_size):
     """The chunks of a batch: chunk ``k`` holds samples ``[k N, (k+1) N)`` with all their views, view-major
     inside the chunk (as a torchrun process holds its part of the batch); the last may be smaller."""
     bsz = views[0].shape[0]
-    views = [v.to(opt.device, non_blocking=True) for v in views]
-    return [to_device(opt, torch.cat([v[start:start + chunk_size] for v in views], dim=0))
+    views = [v.to(runtime.device, non_blocking=True) for v in views]
+    return [runtime.to_device(torch.cat([v[start:start + chunk_size] for v in views], dim=0))
             for start in range(0, bsz, chunk_size)]
 
 
@@ -267,7 +287,7 @@ def restore_rng(device, state):
         torch.cuda.set_rng_state(state[1], device)
 
 
-def cached_step(opt, model, encoder, head, views, chunk_size, loss_from, backward):
+def cached_step(runtime, model, encoder, head, views, chunk_size, loss_from, backward):
     """Gradient caching (module docstring): ``encoder`` per chunk without a graph, ``loss_from(h, head(h))``
     on the whole batch from the cached encoder outputs ``h`` (a leaf), ``backward(loss)`` into ``h`` and
     the head, then the encoder per chunk again with the cached gradient. Under torchrun the model is not
@@ -275,46 +295,46 @@ def cached_step(opt, model, encoder, head, views, chunk_size, loss_from, backwar
     are averaged over processes after it. Returns ``(loss, statistics)``."""
     broadcast_buffers(model)                       # no-op in one process
     n_views = len(views)
-    chunks = chunk_images(opt, views, chunk_size)
+    chunks = chunk_images(runtime, views, chunk_size)
     sizes = [c.shape[0] // n_views for c in chunks]
     states, outputs = [], []
     with torch.no_grad(), frozen_bn_statistics(encoder):
         for chunk in chunks:
-            states.append(rng_state(opt.device))
-            with autocast(opt):
+            states.append(rng_state(runtime.device))
+            with runtime.autocast():
                 outputs.append(encoder(chunk))
-    after = rng_state(opt.device)
+    after = rng_state(runtime.device)
     h = batch_order(outputs, n_views).detach().requires_grad_(True)
     del outputs
-    with autocast(opt):
+    with runtime.autocast():
         out = head(h)
     loss, stats = loss_from(h, out)
     backward(loss)
     for chunk, state, grad in zip(chunks, states, chunk_order(h.grad, sizes, n_views)):
-        restore_rng(opt.device, state)
-        with autocast(opt):
+        restore_rng(runtime.device, state)
+        with runtime.autocast():
             again = encoder(chunk)
         again.backward(grad)
-    restore_rng(opt.device, after)
+    restore_rng(runtime.device, after)
     all_reduce_grads(model)                        # the mean over processes, as DDP; no-op in one process
     return loss.detach(), stats
 
 
-# ---------------------------------------------------------------- the flags of CARROT and gradient caching (features.py)
-def _check_carrot(opt, script, given, method):
-    check(0 <= opt.carrot_q_lo < opt.carrot_q_hi <= 1,
-          f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {opt.carrot_q_lo} and {opt.carrot_q_hi}')
-    if not opt.carrot:
+# ---------------------------------------------------------------- the flags of CARROT and gradient caching (flags.py)
+def _check_carrot(carrot, carrot_q_lo, carrot_q_hi, carrot_weight, carrot_alpha_max, method, method_entry, given):
+    check(0 <= carrot_q_lo < carrot_q_hi <= 1,
+          f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {carrot_q_lo} and {carrot_q_hi}')
+    if not carrot:
         stray = [f for f in ('carrot_on', 'carrot_weight', 'carrot_alpha_max') if f in given]
         check(not stray, f'--{stray[0] if stray else ""} needs --carrot')
         return
-    if method is not None and not method.uses_labels:
+    if method_entry is not None and not method_entry.uses_labels:
         with_labels = ' or '.join(m.name for m in METHODS.values() if m.uses_labels)
-        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {opt.method}')
-    check(opt.carrot_weight is None or opt.carrot_weight >= 0, '--carrot_weight must be >= 0')
-    check(opt.carrot_weight is None or 'carrot_alpha_max' not in given,
+        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {method}')
+    check(carrot_weight is None or carrot_weight >= 0, '--carrot_weight must be >= 0')
+    check(carrot_weight is None or 'carrot_alpha_max' not in given,
           '--carrot_alpha_max caps the balanced weight; with a fixed --carrot_weight it has no effect: give one')
-    check(opt.carrot_alpha_max > 0, f'--carrot_alpha_max must be > 0 (inf: no cap), got {opt.carrot_alpha_max}')
+    check(carrot_alpha_max > 0, f'--carrot_alpha_max must be > 0 (inf: no cap), got {carrot_alpha_max}')
 
 
 CARROT_FLAGS = Feature(
@@ -323,12 +343,13 @@ CARROT_FLAGS = Feature(
            '--carrot_on': dict(choices=['encoder', 'head'], default='encoder', scripts=('supcon',),
                                help='CARROT on the encoder output or the projection output'),
            '--carrot_q_hi': dict(type=float, default=0.9, help='CARROT: negative quantile for the lower wall L'),
-           '--carrot_q_lo': dict(type=float, default=0.1, help='CARROT: lower negative quantile (U = 1 - (q_hi - q_lo))'),
+           '--carrot_q_lo': dict(type=float, default=0.1,
+                                 help='CARROT: lower negative quantile (U = 1 - (q_hi - q_lo))'),
            '--carrot_weight': dict(type=float, default=None,
                                    help='CARROT: a fixed weight instead of gradient balancing (default: balanced)'),
            '--carrot_alpha_max': dict(type=float, default=1.0, infinite_ok=True,
                                       help='CARROT: cap on the balanced weight (inf: no cap, the first definition)')},
-    run_name=lambda opt: ('_carrot' + ('-head' if opt.carrot_on == 'head' else '')) if opt.carrot else '')
+    run_name=lambda carrot, carrot_on: ('_carrot' + ('-head' if carrot_on == 'head' else '')) if carrot else '')
 
 
 CHUNKS = Feature(
@@ -336,6 +357,6 @@ CHUNKS = Feature(
     flags={'--chunk_size': dict(type=int, default=0,
                                 help='run the encoder on chunks of this many samples (all their views) and get the '
                                      'full-batch gradient with the memory of one chunk (0: off)')},
-    check=lambda opt, script, given, method: check(
-        0 <= opt.chunk_size <= opt.batch_size,
-        f'--chunk_size must be in [0, --batch_size {opt.batch_size}] (0: off), got {opt.chunk_size}'))
+    check=lambda chunk_size, batch_size: check(
+        0 <= chunk_size <= batch_size,
+        f'--chunk_size must be in [0, --batch_size {batch_size}] (0: off), got {chunk_size}'))

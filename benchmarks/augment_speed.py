@@ -6,7 +6,7 @@ per-image PIL pipeline), measured in one run.
 
 1. Two-view contrastive augmentation (CIFAR's: crop, flip, colour jitter, grayscale) of 32x32 images, one thread,
    both in this process: images per second per core (each view counts), the median of 5 passes of each; freed
-   memory kept for reuse as the scripts keep it with ``--augment device`` on a CPU (``util.keep_freed_memory``;
+   memory kept for reuse as the scripts keep it with ``--augment device`` on a CPU (``runtime.keep_freed_memory``;
    ``--default_allocator``: without).
 2. One digits SupCon epoch (``main_supcon.py``, batch 128, no workers) with each, in its own process.
 3. ``--gpu``: images/s of a full SupCon step (resnet18, 32x32, batch 512, two views, bf16, channels_last, SGD)
@@ -36,6 +36,7 @@ CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
 
 def pil_transform():
     from types import SimpleNamespace
+
     from data import build_transform
     return TwoCropTransform(build_transform(SimpleNamespace(dataset='cifar10', size=32, mean=None, std=None),
                                             'contrastive'))
@@ -147,7 +148,7 @@ def gpu_step(n_images, batch, steps, workers_list):
                                              pin_memory=True, drop_last=True, persistent_workers=True,
                                              prefetch_factor=4)
 
-        def cpu_batches():
+        def cpu_batches(loader=loader):
             while True:
                 for views, _ in loader:
                     yield views
@@ -163,7 +164,7 @@ def main():
     p.add_argument('--workers', default='8,16')
     p.add_argument('--skip_epochs', action='store_true', help='skip the digits epochs (part 2)')
     p.add_argument('--default_allocator', action='store_true',
-                   help="part 1 with glibc's default allocator settings (not util.keep_freed_memory)")
+                   help="part 1 with glibc's default allocator settings (not runtime.keep_freed_memory)")
     args = p.parse_args()
     print(f'torch {torch.__version__}, {os.cpu_count()} CPUs')
     if not args.skip_epochs:
@@ -179,7 +180,7 @@ def main():
             print(f'  {name:18s} {ips:10.0f} images/s  ({ips / results["device"]:.2f} of device)')
         print(f'  augmenting on the device takes {100 * share:.1f} % of the device step')
     if args.default_allocator:
-        print("glibc's default allocator settings (the scripts keep freed memory: util.keep_freed_memory)")
+        print("glibc's default allocator settings (the scripts keep freed memory: runtime.keep_freed_memory)")
     else:
         print(f'freed memory kept for reuse, as the scripts do with --augment device on a CPU: {keep_freed_memory()}')
     cpu, device, ratios = per_core(args.images)

@@ -25,17 +25,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def worker(args):
     sys.path.insert(0, ROOT)
     import torch
+
     from engine import setup
     from options import parse_option
+    from schedule import set_optimizer
     from steps import Pretraining
-    from util import set_optimizer
     opt = setup(parse_option('supcon', ['--batch_size', str(args.batch), '--chunk_size', str(args.chunk),
                                         '--model', args.model, '--size', str(args.size), '--device', args.device]),
                 run_folder=False)
     torch.manual_seed(0)
     pre = Pretraining(opt, args.batch)
     pre.model.train()
-    optimizer = set_optimizer(opt, pre.model.parameters())
+    optimizer = set_optimizer(pre.model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     views = [torch.randn(args.batch, 3, args.size, args.size) for _ in range(2)]
     labels = torch.randint(0, 10, (args.batch,))
     times = []
@@ -99,7 +100,8 @@ def main():
         print(f'{batch:6d} {plain["peak_mb"]:9.0f} {chunked["peak_mb"]:11.0f} {plain["step_s"]:8.2f} '
               f'{chunked["step_s"]:10.2f} {chunked["step_s"] / plain["step_s"]:10.2f}', flush=True)
     lo, hi = batches[0], batches[-1]
-    print(f'chunked peak, batch {hi} / batch {lo}: {rows[hi][args.chunk]["peak_mb"] / rows[lo][args.chunk]["peak_mb"]:.2f}'
+    growth = rows[hi][args.chunk]["peak_mb"] / rows[lo][args.chunk]["peak_mb"]
+    print(f'chunked peak, batch {hi} / batch {lo}: {growth:.2f}'
           f' (target <= 1.3)')
     print(f'batch {hi}, chunked / plain peak: {rows[hi][args.chunk]["peak_mb"] / rows[hi][0]["peak_mb"]:.2f}'
           f' (target <= 0.3)')

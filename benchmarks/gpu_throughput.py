@@ -36,10 +36,12 @@ from benchmarks.supcontrast_losses import SupConLoss as OriginalSupConLoss  # no
 from data import TwoCropTransform, build_loader, build_transform  # noqa: E402
 from datasets_indexed import IndexedDataset  # noqa: E402
 from engine import setup, train_loop  # noqa: E402
+from flags import call_hook  # noqa: E402
 from networks import SupConResNet  # noqa: E402
 from options import parse_option  # noqa: E402
+from runtime import Runtime  # noqa: E402
+from schedule import Schedule, set_optimizer  # noqa: E402
 from steps import Pretraining  # noqa: E402
-from util import grad_scaler, set_optimizer  # noqa: E402
 
 
 class SyntheticCIFAR(torch.utils.data.Dataset):
@@ -83,13 +85,14 @@ def options(model, bsz, device, extra=()):
 
 def timed(opt, loader, model, step, steps, warmup):
     """Images/s (both views) of ``steps`` training steps through ``engine.train_loop`` after ``warmup`` steps."""
-    optimizer = set_optimizer(opt, model.parameters())
-    scaler = grad_scaler(opt)
+    optimizer = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    scaler = call_hook(Runtime, opt).grad_scaler()
+    schedule = call_hook(Schedule, opt)
     sync = torch.cuda.synchronize if opt.device.type == 'cuda' else (lambda: None)
-    train_loop(opt, Limited(loader, warmup), optimizer, scaler, 1, step, 'warm-up')
+    train_loop(Limited(loader, warmup), optimizer, scaler, 1, step, 'warm-up', schedule, opt.print_freq)
     sync()
     start = time.perf_counter()
-    train_loop(opt, Limited(loader, steps), optimizer, scaler, 1, step, 'timed')
+    train_loop(Limited(loader, steps), optimizer, scaler, 1, step, 'timed', schedule, opt.print_freq)
     sync()
     return 2 * opt.batch_size * steps / (time.perf_counter() - start)
 
@@ -175,10 +178,10 @@ def bound(model_name, bsz, device, steps, warmup):
     model = SupConResNet(model_name).to(opt.device)
     if opt.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    from util import autocast
+    runtime = call_hook(Runtime, opt)
 
     def step(batch, backward):
-        with autocast(opt):
+        with runtime.autocast():
             loss = model(images).float().sum()
         backward(loss)
         return loss.detach(), bsz, {}

@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.timing import time_interleaved  # noqa: E402
 from engine import setup  # noqa: E402
 from options import parse_option  # noqa: E402
+from schedule import set_optimizer  # noqa: E402
 from steps import Pretraining  # noqa: E402
-from util import set_optimizer  # noqa: E402
 
 
 def main():
@@ -36,7 +36,7 @@ def main():
     queued = Pretraining(opt, args.queue)          # with the queue and the key encoder
     plain = Pretraining(argparse.Namespace(**{**vars(opt), 'queue_size': 0}), args.queue, model=queued.model)
     queued.model.train()
-    optimizer = set_optimizer(opt, queued.model.parameters())
+    optimizer = set_optimizer(queued.model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     queued.queue.enqueue(torch.randn(args.queue, opt.feat_dim), torch.randint(0, 10, (args.queue,)),
                          torch.arange(args.queue))                              # a full queue
     views = [torch.randn(args.batch, 3, args.size, args.size) for _ in range(2)]

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.timing import time_interleaved  # noqa: E402
 from losses import SupConLoss  # noqa: E402
 from losses_rascal import RASCALLoss  # noqa: E402
-from util import resolve_device  # noqa: E402
+from runtime import resolve_device  # noqa: E402
 
 
 def main():
@@ -39,7 +39,7 @@ def main():
                 rascal(feats.detach(), labels, idx)                  # warm the cache
                 supcon = SupConLoss(temperature=0.1, base_temperature=0.1)
 
-                def run(loss_fn, *extra):
+                def run(loss_fn, *extra, feats=feats, labels=labels):
                     def call():
                         feats.grad = None
                         loss_fn(feats, labels, *extra).backward()

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.supcontrast_losses import SupConLoss as OriginalSupConLoss  # noqa: E402
 from benchmarks.timing import time_interleaved  # noqa: E402
 from losses import SupConLoss  # noqa: E402
-from util import resolve_device  # noqa: E402
+from runtime import resolve_device  # noqa: E402
 
 
 def main():
@@ -40,7 +40,7 @@ def main():
                 loss_fn(feats, labels).backward()
                 grads.append(feats.grad.clone())
 
-            def run(loss_fn):
+            def run(loss_fn, feats=feats, labels=labels):
                 def call():
                     feats.grad = None
                     loss_fn(feats, labels).backward()

@@ -11,18 +11,17 @@ import argparse
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from losses import SupConLoss  # noqa: E402
 from networks import SupConResNet  # noqa: E402
-from util import autocast, resolve_device  # noqa: E402
+from runtime import Runtime, resolve_device  # noqa: E402
 
 
 def measure(model_name, bsz, steps, warmup, device, amp, channels_last):
-    opt = SimpleNamespace(amp=amp, device=device, channels_last=channels_last)
+    runtime = Runtime(device, amp, channels_last)
     model = SupConResNet(model_name).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -34,7 +33,7 @@ def measure(model_name, bsz, steps, warmup, device, amp, channels_last):
     labels = torch.randint(0, 10, (bsz,), device=device)
 
     def step():
-        with autocast(opt):
+        with runtime.autocast():
             feats = model(images)
         loss = criterion(torch.stack(feats.split(bsz), 1), labels)
         optimizer.zero_grad(set_to_none=True)

@@ -9,7 +9,6 @@ if ROOT not in sys.path:
 
 from helpers import FAST, only_run_folder, run_script  # noqa: E402  (needs ROOT on the path)
 
-
 # Under pytest-xdist (scripts/test.sh runs ``-n auto --dist loadgroup``) each worker has its own session: the tests
 # that read one of the runs below carry ``@pytest.mark.xdist_group(<run>)`` ('tiny', 'coarse', or a SHARED_RUNS
 # name), so each run is trained by one worker only.
@@ -37,7 +36,8 @@ def coarse_rascal_run(tmp_path_factory):
 # Digits runs that several end-to-end tests read (each trains once per session, on first use):
 # name -> (script, flags). Every one is 2 epochs; tests/test_resume.py checks that 1 epoch + --resume
 # reaches each of them bit for bit, and other tests read their metrics, checkpoints and outputs.
-CHUNKED = ['--chunk_size', 24, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000, '--device', 'cpu']   # 24 does not divide 64
+# 24 does not divide 64
+CHUNKED = ['--chunk_size', 24, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000, '--device', 'cpu']
 QUEUED = ['--queue_size', 256, '--num_workers', 0, '--batch_size', 64, '--print_freq', 1000, '--device', 'cpu']
 SHARED_RUNS = {
     'supcon': ('main_supcon.py', ['--seed', 5, *FAST, '--batch_size', 64]),       # batch 64: epochs long enough

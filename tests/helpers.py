@@ -172,6 +172,7 @@ def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='
     3 classes. ``train``: BatchNorm in train mode (else eval: per-sample, so the loss is the only coupling
     of samples); ``dropout``: a dropout layer after the encoder (a forward that draws random numbers)."""
     import torch.nn as nn
+
     from engine import setup
     from networks import SupCEResNet, SupConResNet
     from options import parse_option

@@ -12,6 +12,7 @@ from helpers import run_script
 @pytest.mark.parametrize('kappa,dim', [(20.0, 16), (200.0, 64)])
 def test_kappa_hat_recovers_a_known_concentration(kappa, dim):
     from scipy.stats import vonmises_fisher
+
     from analyze import kappa_hat
     mu = np.zeros(dim)
     mu[0] = 1.0

@@ -33,7 +33,7 @@ def test_resized_crop_equals_torchvision(size):
     top, left = torch.tensor([0, 3, 5, 0, 7, 1]), torch.tensor([0, 2, 9, 4, 0, 11])
     h, w = torch.tensor([20, 10, 7, 15, 13, 9]), torch.tensor([24, 12, 15, 20, 5, 13])
     got = A.resized_crop(x, top, left, h, w, size)
-    want = per_image(lambda im, t, l, hh, ww: TF.resized_crop(im, t, l, hh, ww, [size, size], antialias=True),
+    want = per_image(lambda im, t, lf, hh, ww: TF.resized_crop(im, t, lf, hh, ww, [size, size], antialias=True),
                      x, top, left, h, w)
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
     flip = torch.tensor([True, False, True, True, False, False])
@@ -239,40 +239,42 @@ def test_cpu_and_device_pipelines_agree_on_digits_statistics():
     normalized pixels, 0.02 for the mean cosine; the runs differ in their random draws and in PIL's uint8
     rounding after each operation)."""
     import argparse
+
     from data import Digits, build_transform
     opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None)
     torch.manual_seed(0)
     pil = Digits(train=True, size=16, transform=build_transform(opt, 'contrastive'))
     cpu_a = torch.stack([pil[i][0] for i in range(len(pil))])
     cpu_b = torch.stack([pil[i][0] for i in range(len(pil))])
-    raw, _ = A.in_memory_images(Digits(train=True, size=16))
+    from data import in_memory_images
+    raw, _ = in_memory_images(Digits(train=True, size=16))
     x = torch.from_numpy(raw).permute(0, 3, 1, 2)
     from data import mean_std
-    aug = A.BatchAugment(16, *mean_std(opt), 'digits', 'contrastive', torch.Generator().manual_seed(0))
+    aug = A.BatchAugment(16, *mean_std('digits'), 'digits', 'contrastive', torch.Generator().manual_seed(0))
     dev_a, dev_b = aug(x), aug(x)
     (m1, s1, c1), (m2, s2, c2) = view_statistics(cpu_a, cpu_b), view_statistics(dev_a, dev_b)
     torch.testing.assert_close(m1, m2, rtol=0, atol=0.02)
     torch.testing.assert_close(s1, s2, rtol=0, atol=0.02)
     assert abs(float(c1) - float(c2)) < 0.02, (float(c1), float(c2))
     # power: without the colour operations, or with crops of scale (0.3, 1), the statistics move past the tolerance
-    plain = A.BatchAugment(16, *mean_std(opt), 'digits', 'train', torch.Generator().manual_seed(0))
+    plain = A.BatchAugment(16, *mean_std('digits'), 'digits', 'train', torch.Generator().manual_seed(0))
     assert abs(float(view_statistics(plain(x), plain(x))[2]) - float(c1)) > 0.02
-    wrong = A.BatchAugment(16, *mean_std(opt), 'digits', 'contrastive', torch.Generator().manual_seed(0))
+    wrong = A.BatchAugment(16, *mean_std('digits'), 'digits', 'contrastive', torch.Generator().manual_seed(0))
     wrong.scale = (0.3, 1.0)
     m4, _, c4 = view_statistics(wrong(x), wrong(x))
     assert abs(float(c4) - float(c1)) > 0.02 and (m4 - m1).abs().max() > 0.02
 
 
 def test_device_loader_shards_like_distributed_sampler():
-    import argparse
     from torch.utils.data import DistributedSampler
-    from data import Digits
+
+    from data import Digits, in_memory_images, mean_std
     from datasets_indexed import IndexedDataset
     data = IndexedDataset(Digits(train=True, size=8))
     for world, rank in ((1, 0), (2, 0), (2, 1), (3, 2)):
-        opt = argparse.Namespace(dataset='digits', size=8, mean=None, std=None, local_batch_size=100, seed=5,
-                                 world_size=world, rank=rank, device=torch.device('cpu'), channels_last=False)
-        loader = A.DeviceLoader(opt, data, 'contrastive', n_views=2)
+        loader = A.DeviceLoader(data, *in_memory_images(data), 'contrastive', device=torch.device('cpu'),
+                                batch_size=100, size=8, mean_std=mean_std('digits'), style='digits', n_views=2,
+                                seed=5, world_size=world, rank=rank)
         sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=5)
         for epoch in (1, 2):
             loader.set_epoch(epoch)
@@ -286,12 +288,14 @@ def test_device_loader_shards_like_distributed_sampler():
 
 
 def test_device_loader_refuses_what_is_not_in_memory(tmp_path):
-    from helpers import make_image_folder
     from torchvision import datasets
-    from util import UserError
+
+    from data import in_memory_images
+    from flags import UserError
+    from helpers import make_image_folder
     folder = datasets.ImageFolder(str(make_image_folder(tmp_path) / 'train'))
     with pytest.raises(UserError, match='held in memory'):
-        A.in_memory_images(folder)
+        in_memory_images(folder)
 
 
 # ---------------------------------------------------------------- end to end (the real scripts on digits)
@@ -330,8 +334,9 @@ def test_device_augmentation_composes(tmp_path, script, args):
 
 @pytest.mark.slow
 def test_device_augmentation_under_torchrun(tmp_path):
-    from helpers import only_run_folder, read_metrics
     from test_distributed import torchrun
+
+    from helpers import only_run_folder, read_metrics
     out = torchrun('main_supcon.py', '--dataset', 'digits', '--epochs', 1, '--save_folder', tmp_path, *DEVICE)
     assert out.stdout.count('epoch 1/1') == 1
     assert float(read_metrics(only_run_folder(tmp_path))[0]['train/loss']) > 0
@@ -350,8 +355,9 @@ def test_evaluation_loaders_equal_the_cpu_evaluation_transform():
     """``--augment device`` evaluation loaders: the whole split in order, normalized like ToTensor + Normalize;
     creating one leaves the training generator registered."""
     import argparse
+
     from data import Digits, build_loader, build_transform
-    from util import GENERATORS
+    from runtime import GENERATORS
     opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None, local_batch_size=64, batch_size=100,
                              seed=0, world_size=2, rank=1, device=torch.device('cpu'), channels_last=False,
                              augment='device', num_workers=0)

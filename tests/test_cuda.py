@@ -17,7 +17,8 @@ MODES = {
     'supcon': [], 'simclr': ['--method', 'SimCLR'], 'ntlogistic': ['--simclr_loss', 'ntlogistic'],
     'rascal': ['--method', 'RASCAL'], 'rascal-current': ['--method', 'RASCAL', '--rascal_weighting', 'current'],
     'rascal-uniform': ['--method', 'RASCAL', '--rascal_weighting', 'uniform'],
-    'carrot': ['--carrot'], 'queue': ['--queue_size', '512'], 'rascal-queue': ['--method', 'RASCAL', '--queue_size', '512'],
+    'carrot': ['--carrot'], 'queue': ['--queue_size', '512'],
+    'rascal-queue': ['--method', 'RASCAL', '--queue_size', '512'],
     'chunks': ['--chunk_size', '48'], 'bf16': ['--amp', 'bf16', '--channels_last'],
     'fp16-carrot': ['--amp', 'fp16', '--carrot'], 'devaug': ['--augment', 'device'],
     'everything': ['--method', 'RASCAL', '--carrot', '--queue_size', '512', '--chunk_size', '64', '--amp', 'bf16',
@@ -40,7 +41,8 @@ def test_ce_on_cuda(flags, tmp_path):
     assert 'final test top-1' in out.stdout
 
 
-@pytest.mark.parametrize('flags', [[], ['--method', 'RASCAL', '--carrot', '--queue_size', '512', '--augment', 'device']],
+@pytest.mark.parametrize('flags', [[],
+                                   ['--method', 'RASCAL', '--carrot', '--queue_size', '512', '--augment', 'device']],
                          ids=['supcon', 'rascal-carrot-queue-devaug'])
 def test_deterministic_resume_and_repeat_bit_for_bit_on_cuda(flags, tmp_path):
     args = [*GPU, '--deterministic', *flags]

@@ -42,7 +42,7 @@ def test_cifar100_coarse_mapping_on_a_fake_file(tmp_path):
 def test_digits_coarse_grouping():
     from data import DIGITS_COARSE, Digits, build_dataset
     assert np.bincount(DIGITS_COARSE).tolist() == [2] * 5
-    opt = argparse.Namespace(dataset='digits', size=16, label_granularity='coarse', label_noise=0.0)
+    opt = argparse.Namespace(dataset='digits', data_folder=None, size=16, label_granularity='coarse', label_noise=0.0)
     coarse = build_dataset(opt, True, None)
     assert coarse.targets == [DIGITS_COARSE[y] for y in Digits(True).targets]
     with pytest.raises(Exception, match='coarse labels'):
@@ -95,7 +95,7 @@ def test_unreadable_image_is_a_one_line_error(tmp_path, workers):
 
 def test_load_image_reads_rgb_and_names_a_bad_file(tmp_path):
     from data import load_image
-    from util import UserError
+    from flags import UserError
     good = make_image_folder(tmp_path / 'imgs') / 'val' / 'a' / '0.png'
     assert load_image(str(good)).mode == 'RGB'
     bad = tmp_path / 'bad.png'

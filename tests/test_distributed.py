@@ -10,8 +10,17 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from helpers import (ROOT, STEP_BSZ, build_training, load, only_run_folder, read_metrics, script_env, step_batch,
-                     take_steps)
+from helpers import (
+    ROOT,
+    STEP_BSZ,
+    build_training,
+    load,
+    only_run_folder,
+    read_metrics,
+    script_env,
+    step_batch,
+    take_steps,
+)
 
 WORLD = 2
 BSZ = STEP_BSZ       # global batch: 8 per process

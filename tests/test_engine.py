@@ -1,6 +1,5 @@
 """engine.py: evaluation metrics (per-class accuracy, shot groups); the run set-up and the epoch loop through
 the real scripts: resume that refuses contradictions, run folders, interrupts, failing checkpoint writes."""
-import argparse
 import math
 import os
 import shutil
@@ -13,13 +12,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import (FAST, ROOT, assert_one_line_error, load, only_run_folder, run_in_process, run_script,
-                     script_env, signal_after_first_checkpoint)
+from helpers import (
+    FAST,
+    ROOT,
+    assert_one_line_error,
+    load,
+    only_run_folder,
+    run_in_process,
+    run_script,
+    script_env,
+    signal_after_first_checkpoint,
+)
 
 
 def test_evaluate_shot_groups_and_per_class_accuracy():
     from engine import evaluate
-    opt = argparse.Namespace(device=torch.device('cpu'), amp='none', channels_last=False)
+    from runtime import Runtime
+    opt = Runtime(torch.device('cpu'))
     labels = torch.tensor([0, 0, 1, 1, 2, 2, 2, 2])
     logits = F.one_hot(torch.tensor([0, 1, 1, 1, 0, 2, 2, 0]), 3).float() * 5   # class acc: 50, 100, 50 %
     loader = [(logits[:5], labels[:5]), (logits[5:], labels[5:])]
@@ -146,7 +155,6 @@ class _Batches(list):
 
 def _loop(scaler, losses_of_steps, max_skipped=None, monkeypatch=None):
     """``engine.train_loop`` over steps whose loss is ``factor * model(x).sum()`` for each factor given."""
-    from types import SimpleNamespace
 
     import engine
     if max_skipped is not None:
@@ -154,7 +162,8 @@ def _loop(scaler, losses_of_steps, max_skipped=None, monkeypatch=None):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt = SimpleNamespace(warm=False, print_freq=1000)
+    from schedule import Schedule
+    schedule = Schedule(learning_rate=0.1, epochs=1)
     batches = _Batches([(torch.randn(8, 4), factor) for factor in losses_of_steps])
 
     def step(batch, backward):
@@ -162,7 +171,7 @@ def _loop(scaler, losses_of_steps, max_skipped=None, monkeypatch=None):
         loss = model(x).sum() * factor
         backward(loss)
         return loss.detach(), x.shape[0], {'stat': loss.detach() * 0 + 1}
-    out = engine.train_loop(opt, batches, optimizer, scaler, 1, step, 'test')
+    out = engine.train_loop(batches, optimizer, scaler, 1, step, 'test', schedule, print_freq=1000)
     return out, model, scaler
 
 
@@ -177,7 +186,7 @@ def test_fp16_non_finite_step_is_skipped_and_counted():
 
 
 def test_fp16_stops_after_max_skipped_steps_in_a_row(monkeypatch):
-    from util import UserError
+    from flags import UserError
     scaler = torch.amp.GradScaler('cpu', enabled=True)
     with pytest.raises(UserError, match='3 steps in a row had non-finite gradients'):
         _loop(scaler, [1.0, float('inf'), float('inf'), float('inf'), 1.0], max_skipped=3, monkeypatch=monkeypatch)
@@ -186,7 +195,7 @@ def test_fp16_stops_after_max_skipped_steps_in_a_row(monkeypatch):
 
 
 def test_non_finite_loss_without_fp16_stops_at_once():
-    from util import UserError
+    from flags import UserError
     with pytest.raises(UserError, match='the loss became -?inf at epoch 1, iteration 2'):
         _loop(torch.amp.GradScaler('cpu', enabled=False), [1.0, float('inf'), 1.0])
 
@@ -219,5 +228,6 @@ def test_deterministic_mode_runs_every_part(tmp_path):
     out = run_script('main_linear.py', *FAST, '--deterministic', '--epochs', 1, '--ckpt', last,
                      '--save_folder', tmp_path / 'lin')
     assert 'final test top-1' in out.stdout
-    out = run_script('main_ce.py', *FAST, '--deterministic', '--carrot', '--epochs', 1, '--save_folder', tmp_path / 'ce')
+    out = run_script('main_ce.py', *FAST, '--deterministic', '--carrot', '--epochs', 1,
+                     '--save_folder', tmp_path / 'ce')
     assert 'final test top-1' in out.stdout

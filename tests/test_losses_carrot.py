@@ -6,8 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import reference
-from losses import SupConLoss
-from losses import flatten_views
+from losses import SupConLoss, flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss, pair_quantiles
 
 

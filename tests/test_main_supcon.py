@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
-
 from conftest import CHUNKED, QUEUED
+
 from helpers import FAST, load, only_run_folder, read_metrics, run_in_process, run_script
 
 pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
@@ -31,18 +31,21 @@ def test_supcon_then_linear_on_digits(shared_run, tmp_path):
     assert {'test/acc', 'test/nll', 'train/acc', 'train/loss'} <= set(read_metrics(lin)[0])
 
 
-@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.xdist_group(n)) for n in ('rascal', 'chunked', 'queue')])
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.xdist_group(n))
+                                  for n in ('rascal', 'chunked', 'queue')])
 def test_linear_reads_the_checkpoints_of_every_mode(shared_run, name):
     """main_linear.py's loading of a checkpoint that carries RASCAL's cache, was trained in chunks, or carries a
     queue and a key encoder: the encoder comes back equal to the checkpoint's (what follows the loading is the
     same for every checkpoint and runs end to end in test_supcon_then_linear_on_digits)."""
     import torch
+
     from checkpoint import load_encoder
     from options import parse_option
     last = os.path.join(shared_run(name)[0], 'last.pth')
     opt = parse_option('linear', ['--ckpt', last])
     opt.device = torch.device('cpu')
-    encoder = load_encoder(opt, 'resnet50')
+    from runtime import Runtime
+    encoder, opt.model = load_encoder(opt.ckpt, opt.model, 'resnet50', Runtime(opt.device))
     saved = {k[len('encoder.'):]: v for k, v in load(last)['model'].items() if k.startswith('encoder.')}
     assert opt.model == 'resnet_tiny' and encoder.state_dict().keys() == saved.keys()
     assert all(torch.equal(encoder.state_dict()[k], v) for k, v in saved.items())
@@ -161,7 +164,8 @@ def test_queue_statistics_and_state(shared_run):
 
 
 @pytest.mark.parametrize('args', [['--method', 'SimCLR', '--moco_m', 0],
-                                  ['--method', 'RASCAL', '--rascal_weighting', 'uniform', '--carrot', '--chunk_size', 24]])
+                                  ['--method', 'RASCAL', '--rascal_weighting', 'uniform', '--carrot',
+                                   '--chunk_size', 24]])
 def test_queue_with_other_methods(tmp_path, args):
     run_script('main_supcon.py', *args, '--epochs', 1, '--save_folder', tmp_path, *QUEUED)
     run = only_run_folder(tmp_path)

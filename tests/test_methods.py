@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from flags import UserError
 from helpers import FAST, ROOT, load, only_run_folder, read_metrics, script_env
 from methods import METHODS, Method, register
 from options import parse_option
-from util import UserError
 
 TOY = '''
 import torch
@@ -36,7 +36,7 @@ class ToyLoss(Loss):
         return self.weight * (1 - agreement)
 
 
-register(Method('Toy', build=lambda opt, num_samples: ToyLoss(opt.toy_weight), uses_labels=False,
+register(Method('Toy', build=lambda toy_weight: ToyLoss(toy_weight), uses_labels=False,
                 flags={'--toy_weight': dict(type=float, default=0.5, help='weight of the toy loss')},
                 stats_prefix='toy/'))
 '''

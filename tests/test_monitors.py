@@ -78,6 +78,7 @@ def test_warning_on_a_collapsed_run_and_statistics_in_metrics(tmp_path):
 def test_the_demo_stays_silent():
     """The README's demo (SupCon on digits, 30 epochs, then linear evaluation) trains without a collapse warning."""
     import subprocess
+
     from helpers import ROOT, script_env
     proc = subprocess.run(['bash', 'scripts/demo.sh', '0'], cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=script_env())

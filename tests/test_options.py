@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
+from flags import UserError
 from helpers import ROOT, assert_one_line_error, run_in_process, run_script
 from options import parse_option
-from util import UserError
 
 
 def test_large_batch_forces_warmup_and_names_run():
@@ -25,13 +25,14 @@ def test_bad_options_raise_user_error():
 
 
 def test_optimizer_and_schedule_flags_reach_the_optimizer():
-    from util import adjust_learning_rate, set_optimizer
+    from flags import call_hook
+    from schedule import Schedule, set_optimizer
     opt = parse_option('ce', ['--momentum', '0.8', '--weight_decay', '0.001', '--learning_rate', '0.4',
                               '--lr_decay_epochs', '2,4', '--lr_decay_rate', '0.5', '--device', 'cpu'])
-    optim = set_optimizer(opt, [torch.zeros(1, requires_grad=True)])
+    optim = set_optimizer([torch.zeros(1, requires_grad=True)], opt.learning_rate, opt.momentum, opt.weight_decay)
     group = optim.param_groups[0]
     assert group['momentum'] == 0.8 and group['weight_decay'] == 0.001
-    adjust_learning_rate(opt, optim, 5)
+    call_hook(Schedule, opt).adjust(optim, 5)
     assert group['lr'] == pytest.approx(0.4 * 0.5 ** 2)
 
 
@@ -43,7 +44,7 @@ def test_carrot_quantile_flags_parse():
 
 
 def test_mean_std_parsing():
-    from features import floats as _floats
+    from flags import floats as _floats
     assert _floats('(0.4914, 0.4822, 0.4465)') == (0.4914, 0.4822, 0.4465)
     assert _floats('0.5') == (0.5, 0.5, 0.5)
     assert _floats('[1e-1,2,3]') == (0.1, 2.0, 3.0)
@@ -68,8 +69,8 @@ def test_flag_validation():
 
 
 def test_options_for_the_tools():
+    from flags import UserError
     from options import parse_option
-    from util import UserError
     for script, argv, words in [('supcon', ['--dataset', 'cifar10', '--label_granularity', 'coarse'], 'coarse'),
                                 ('linear', ['--dataset', 'cifar10', '--eval_labels', 'coarse', '--ckpt', 'x'],
                                  'coarse'),
@@ -164,7 +165,8 @@ BAD = {
     'resume_missing': (['main_ce.py', '--resume', '/nonexistent/last.pth'], ['not found']),
     'bad_device': (['main_ce.py', '--device', 'tpu'], ['--device']),
     'chunk_negative': (['main_supcon.py', '--chunk_size', -1], ['--chunk_size']),
-    'queue_smaller_than_batch': (['main_supcon.py', '--queue_size', 100, '--batch_size', 128], ['--queue_size 100', '128']),
+    'queue_smaller_than_batch': (['main_supcon.py', '--queue_size', 100, '--batch_size', 128],
+                                 ['--queue_size 100', '128']),
     'moco_m_one': (['main_supcon.py', '--queue_size', 1024, '--moco_m', 1], ['--moco_m']),
     'moco_m_without_queue': (['main_supcon.py', '--moco_m', 0.9], ['--moco_m needs --queue_size']),
     'queue_with_margin_triplet': (['main_supcon.py', '--queue_size', 1024, '--simclr_loss', 'margin_triplet'],

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from flags import UserError
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
-from util import UserError
 
 
 def test_few_shot_draws_exactly_k_per_class_and_repeat_with_their_seed():

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 import torch
-
 from conftest import SHARED_RUNS
+
 from helpers import load, only_run_folder, read_metrics, run_script, signal_after_first_checkpoint
 
 pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses

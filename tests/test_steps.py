@@ -59,7 +59,7 @@ def reference_on_chunks(case, chunk, dropout):
     model = pre.model
     views, labels, ids = step_batch()
     torch.manual_seed(1)
-    chunks = steps.chunk_images(pre.opt, views, chunk)
+    chunks = steps.chunk_images(pre.runtime, views, chunk)
     h = steps.batch_order([model.encoder(c) for c in chunks], 2)
     loss, _, _ = pre.loss_from_parts(h, model.head(h), labels, ids, 2)
     loss.backward()
@@ -95,7 +95,7 @@ def test_bn_running_statistics_once_per_chunk():
     ref = copy.deepcopy(model)
     views, labels, ids = step_batch()
     with torch.no_grad():
-        for chunk in steps.chunk_images(pre.opt, views, 5):
+        for chunk in steps.chunk_images(pre.runtime, views, 5):
             ref.encoder(chunk)
     run_step('SupCon', 5, train=True, training=pre)
     bn = [(n, b) for n, b in model.named_buffers() if 'running' in n or 'num_batches' in n]
@@ -134,7 +134,7 @@ def test_key_encoder_is_copied_before_syncbn_conversion(monkeypatch):
     """``--syncBN`` with a queue: the key encoder keeps plain BatchNorm (shuffled BatchNorm of its own keys);
     power: a conversion before the copy would give it SyncBatchNorm."""
     import torch.nn as nn
-    monkeypatch.setattr(steps, 'wrap_model', lambda opt, model: nn.SyncBatchNorm.convert_sync_batchnorm(model))
+    monkeypatch.setattr(steps, 'wrap_model', lambda model, *args: nn.SyncBatchNorm.convert_sync_batchnorm(model))
     training = build_training(['--queue_size', '64'])
     kinds = {type(m) for m in training.key_encoder.modules()}
     assert nn.BatchNorm2d in kinds and nn.SyncBatchNorm not in kinds

@@ -112,10 +112,9 @@ def test_device_loader_batches_never_wait_for_the_device():
 def test_evaluation_never_waits_for_the_device_per_batch():
     """``engine.evaluate`` accumulates on the device and reads its totals once, after the last batch: the counts
     do not grow with the number of batches."""
-    from types import SimpleNamespace
-
     from engine import evaluate
-    opt = SimpleNamespace(device=torch.device('cpu'), amp='none', channels_last=False)
+    from runtime import Runtime
+    opt = Runtime(torch.device('cpu'))
 
     def count(n_batches):
         g = torch.Generator().manual_seed(0)

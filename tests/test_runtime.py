@@ -1,49 +1,15 @@
-"""util.py: SupContrast's learning-rate schedule, the RNG state round trip and the allocator setting."""
-import math
+"""runtime.py: the RNG state round trip, re-seeding what cannot be restored, the allocator setting."""
 import platform
 import random
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from helpers import ROOT, script_env
-from util import get_rng_state, lr_at_epoch, set_rng_state, warmup_learning_rate, warmup_target
-
-
-def sched(**kw):
-    base = dict(learning_rate=0.5, lr_decay_rate=0.1, lr_decay_epochs=[70, 80, 90], epochs=100, cosine=False,
-                warm=False, warm_epochs=10, warmup_from=0.01)
-    return SimpleNamespace(**{**base, **kw})
-
-
-def test_step_decay():
-    opt = sched()
-    assert lr_at_epoch(opt, 70) == 0.5 and lr_at_epoch(opt, 71) == pytest.approx(0.05)
-    assert lr_at_epoch(opt, 100) == pytest.approx(0.0005)
-
-
-def test_cosine_to_eta_min():
-    opt = sched(cosine=True)
-    eta_min = 0.5 * 0.1 ** 3
-    assert lr_at_epoch(opt, 100) == pytest.approx(eta_min)
-    assert lr_at_epoch(opt, 50) == pytest.approx(eta_min + (0.5 - eta_min) / 2)
-
-
-def test_warmup_per_iteration():
-    opt = sched(cosine=True, warm=True)
-    optim = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    warmup_learning_rate(opt, 1, 0, 5, optim)
-    assert optim.param_groups[0]['lr'] == pytest.approx(0.01)
-    warmup_learning_rate(opt, 10, 5, 5, optim)      # end of epoch 10 reaches the target
-    assert optim.param_groups[0]['lr'] == pytest.approx(warmup_target(opt))
-    eta_min = 0.5e-3
-    assert warmup_target(opt) == pytest.approx(eta_min + (0.5 - eta_min) * (1 + math.cos(math.pi * 10 / 100)) / 2)
-    warmup_learning_rate(opt, 11, 0, 5, optim)      # after warm-up: untouched
-    assert optim.param_groups[0]['lr'] == pytest.approx(warmup_target(opt))
+from runtime import get_rng_state, set_rng_state
 
 
 def test_rng_state_round_trip():
@@ -55,12 +21,12 @@ def test_rng_state_round_trip():
 
 FAULTS = """
 import resource, sys, torch
-import util
+import runtime
 if sys.argv[1] == 'keep':
-    assert util.keep_freed_memory()
+    assert runtime.keep_freed_memory()
 x = torch.ones(384 * 1024)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(100):
+for _ in range(400):
     (x * 2 + 1) * 3 - x                   # temporaries of 1.5 MB, several alive at once
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -69,7 +35,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 @pytest.mark.skipif(platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc', reason='glibc only')
 def test_keep_freed_memory_spares_the_page_faults():
     """With glibc's defaults, temporaries of 1.5 MB are handed back to the OS and faulted in again at every use
-    (tens of thousands of page faults here); with util.keep_freed_memory they are reused."""
+    (tens of thousands of page faults here); with runtime.keep_freed_memory they are reused."""
     def faults(mode):
         out = subprocess.run([sys.executable, '-c', FAULTS, mode], cwd=ROOT, env=script_env(), capture_output=True,
                              text=True, check=True).stdout
@@ -81,7 +47,7 @@ def test_keep_freed_memory_spares_the_page_faults():
 def test_cuda_state_of_this_device_only():
     """A checkpoint from a node with more visible GPUs (an old list of every device's state) resumes on one
     device: that device's entry, else ``None`` with the reason (the caller re-seeds), never an IndexError."""
-    from util import cuda_state_for_this_device
+    from runtime import cuda_state_for_this_device
     states = [torch.full((16,), i, dtype=torch.uint8) for i in range(8)]
     state, why = cuda_state_for_this_device({'cuda': states}, 3)
     assert torch.equal(state, states[3]) and why is None
@@ -95,8 +61,8 @@ def test_cuda_state_of_this_device_only():
 def test_generator_saved_on_another_device_is_reseeded_with_a_notice():
     """The augmentation generator of a run resumed on another device type (a CUDA generator's 16-byte state on a
     CPU generator, or the reverse) is re-seeded, and the notice says so."""
-    import util
-    g = util.register_generator('test_other_device', torch.Generator().manual_seed(1))
+    import runtime
+    g = runtime.register_generator('test_other_device', torch.Generator().manual_seed(1))
     try:
         state = get_rng_state()
         state['generators']['test_other_device'] = torch.zeros(16, dtype=torch.uint8)   # a CUDA generator's
@@ -110,12 +76,12 @@ def test_generator_saved_on_another_device_is_reseeded_with_a_notice():
         assert set_rng_state(state, reseed=7) == []                     # power: a matching state is restored
         assert torch.equal(g.get_state(), torch.Generator().manual_seed(5).get_state())
     finally:
-        util.GENERATORS.pop('test_other_device')
+        runtime.GENERATORS.pop('test_other_device')
 
 
 def test_rank_states_for_another_number_of_processes():
     """2 -> 3 processes: no process may take rank 0's state (they would all draw alike): every one re-seeds."""
-    from util import rank_rng_state
+    from runtime import rank_rng_state
     ckpt = {'rng': 'r0', 'rng_ranks': ['r0', 'r1']}
     assert rank_rng_state(ckpt, 1, 2) == ('r1', None)
     for rank in range(3):

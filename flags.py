@@ -1,4 +1,5 @@
-"""Features as declarations: what a feature adds to the command line, next to the code that reads it.
+"""Flag declarations: what a feature adds to the command line, next to the code that reads it, and the one
+error type of bad input (:class:`UserError`).
 
 A :class:`Feature` (CARROT, the memory queue, gradient caching, the kNN monitor, long-tail and coarse labels,
 label noise, the learning-rate schedule, AMP/channels-last, device augmentation, few-shot probes) names its
@@ -7,18 +8,27 @@ folder's name and which of its flags may change on ``--resume``. ``options.py`` 
 ``methods.py`` collects methods) into the parsers, the validation, the run name and the resume rules; see
 docs/DEVELOPING.md, "Adding a flag".
 
+A hook (a feature's ``check`` and ``run_name``, a method's ``build``, ``check`` and ``run_name``) names what it
+reads as its parameters: ``options`` calls it through :func:`call_hook`, which passes each option field of that
+name (and the context, such as ``script`` or ``given``). A hook that fills fields returns them as a dict.
+
 Each feature is declared in the module whose code reads its flags, e.g.::
 
     QUEUE = Feature('memory queue (docs/QUEUE.md)', scripts=('supcon',),
                     flags={'--queue_size': dict(type=int, default=0, help='...')},
-                    check=_check_queue, run_name=lambda opt: f'_queue_{opt.queue_size}' if opt.queue_size else '')
+                    check=_check_queue, run_name=lambda queue_size: f'_queue_{queue_size}' if queue_size else '')
 """
 import argparse
+import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 SCRIPTS = ('supcon', 'ce', 'linear')
+
+
+class UserError(Exception):
+    """Bad input from the user: reported as one line on stderr with exit status 2 (``util.run_cli``)."""
 # keys of a flag declaration that are ours, not argparse's
 OWN_KEYS = ('scripts', 'infinite_ok')
 
@@ -34,42 +44,48 @@ class Feature:
             scripts have) and ``infinite_ok`` (a float flag that accepts ``inf``; every other float must be
             finite).
         scripts: the scripts that have the feature.
-        check: ``check(opt, script, given, method)`` after parsing: raise :class:`util.UserError` with one
-            line for a bad value or combination (``given``: the flags' destinations given on the command
-            line; ``method``: the ``methods.Method`` of ``main_supcon.py``, else ``None``). It may also set
-            the fields that depend on other flags (the schedule's warm-up above batch 256).
-        run_name: ``run_name(opt) -> str``: the feature's suffix of the run folder's name (``''`` when off).
+        check: a hook (:func:`call_hook`) run after parsing: raise :class:`UserError` with one line for a bad
+            value or combination. Besides option fields it may take ``script``, ``given`` (the flags'
+            destinations given on the command line) and ``method_entry`` (the ``methods.Method`` of
+            ``main_supcon.py``, else ``None``). It may return ``{field: value}`` for fields that depend on
+            other flags (the schedule's warm-up above batch 256).
+        run_name: a hook returning the feature's suffix of the run folder's name (``''`` when off).
         resume_may_change: destinations of its flags that may differ when a run is resumed.
     """
     name: str
-    flags: dict
-    scripts: tuple = SCRIPTS
+    flags: dict[str, dict[str, Any]]
+    scripts: tuple[str, ...] = SCRIPTS
     check: Optional[Callable] = None
     run_name: Optional[Callable] = None
-    resume_may_change: tuple = field(default_factory=tuple)
+    resume_may_change: tuple[str, ...] = field(default_factory=tuple)
 
-    def flags_of(self, script):
+    def flags_of(self, script: str) -> dict[str, dict[str, Any]]:
         """``{'--flag': argparse keywords}`` of the flags ``script`` has (our keys removed)."""
         if script not in self.scripts:
             return {}
         return {flag: {k: v for k, v in kw.items() if k not in OWN_KEYS} for flag, kw in self.flags.items()
                 if script in kw.get('scripts', self.scripts)}
 
-    def defaults(self):
+    def defaults(self) -> dict[str, Any]:
         """``{dest: default}`` of every flag (what a script without the flag reads)."""
         return {dest(flag): kw.get('default', False if kw.get('action') == 'store_true' else None)
                 for flag, kw in self.flags.items()}
 
 
-def dest(flag):
+def dest(flag: str) -> str:
     return flag.lstrip('-').replace('-', '_')
 
 
-def check(condition, message):
-    """Raise :class:`util.UserError` (one line, exit 2) with ``message`` unless ``condition``."""
+def check(condition: Any, message: str) -> None:
+    """Raise :class:`UserError` (one line, exit 2) with ``message`` unless ``condition``."""
     if not condition:
-        from util import UserError     # here, not at the top: util declares features itself
         raise UserError(message)
+
+
+def call_hook(hook: Callable, opt, **context):
+    """``hook(...)`` with the arguments it names: ``context``'s entries, else the option fields of those names."""
+    names = inspect.signature(hook).parameters
+    return hook(**{name: context[name] if name in context else getattr(opt, name) for name in names})
 
 
 # ---------------------------------------------------------------- argument types shared by the declarations
