@@ -278,14 +278,22 @@ def coarse_labels(dataset):
 LABEL_NOISE_SEED = 7717       # offset of the label-noise generator from --seed (its own stream)
 
 
-def noisy_labels(targets, n_classes, fraction, seed):
-    """Symmetric label noise: each label is, with probability ``fraction``, replaced by one of the other
-    ``n_classes - 1`` classes, uniformly (so about ``fraction`` of the labels change). Deterministic in
-    ``seed``. Returns ``(new labels list, flipped indices list)``."""
+NOISE_KINDS = ('symmetric', 'pairflip')
+
+
+def noisy_labels(targets, n_classes, fraction, seed, kind='symmetric'):
+    """Label noise: each label is, with probability ``fraction``, replaced by another class: one of the other
+    ``n_classes - 1`` uniformly (``symmetric``), or the next class ``(c + 1) mod n_classes`` (``pairflip``, the
+    asymmetric noise of Han et al. 2018, "Co-teaching"). About ``fraction`` of the labels change. Deterministic
+    in ``seed``. Returns ``(new labels list, flipped indices list)``."""
+    if kind not in NOISE_KINDS:
+        raise ValueError(f'kind must be one of {NOISE_KINDS}, got {kind!r}')
+    if n_classes < 2:
+        raise UserError(f'--label_noise needs at least 2 classes, the training set has {n_classes}')
     rng = np.random.RandomState((seed + LABEL_NOISE_SEED) % 2 ** 32)
     targets = np.asarray(targets)
     flip = rng.rand(len(targets)) < fraction
-    shift = rng.randint(1, n_classes, len(targets))
+    shift = rng.randint(1, n_classes, len(targets)) if kind == 'symmetric' else np.ones(len(targets), dtype=int)
     noisy = np.where(flip, (targets + shift) % n_classes, targets)
     return noisy.tolist(), np.flatnonzero(flip).tolist()
 
@@ -306,8 +314,10 @@ def build_dataset(opt, train, transform, granularity=None):
     dataset = Relabeled(base, indices, mapping, classes)
     if noise:
         clean = dataset.targets
-        dataset.targets, flipped = noisy_labels(clean, len(dataset.classes), opt.label_noise, opt.seed)
-        dataset.label_noise = {'fraction': opt.label_noise, 'seed': opt.seed, 'granularity': granularity,
+        dataset.targets, flipped = noisy_labels(clean, len(dataset.classes), opt.label_noise, opt.seed,
+                                                opt.label_noise_kind)
+        dataset.label_noise = {'fraction': opt.label_noise, 'kind': opt.label_noise_kind, 'seed': opt.seed,
+                               'granularity': granularity,
                                'n_samples': len(clean), 'n_flipped': len(flipped), 'flipped': flipped,
                                'clean_labels_of_flipped': [clean[i] for i in flipped]}
     return dataset
@@ -438,14 +448,23 @@ LONG_TAIL = Feature(
     check=lambda imb_factor: check(0 < imb_factor <= 1, f'--imb_factor must be in (0, 1], got {imb_factor}'),
     run_name=lambda imb_factor, dataset: f'_imb_{imb_factor}' if dataset_info(dataset).long_tail else '')
 
+def _check_label_noise(label_noise, label_noise_kind, given):
+    check(0 <= label_noise < 1, f'--label_noise must be in [0, 1), got {label_noise}')
+    check(label_noise > 0 or 'label_noise_kind' not in given, '--label_noise_kind needs --label_noise > 0')
+
+
 LABEL_NOISE = Feature(
-    'label noise (docs/PROBES.md)',
+    'label noise (docs/PROBES.md)', check=_check_label_noise,
     flags={'--label_noise': dict(type=float, default=0.0,
-                                 help='symmetric label noise: this fraction of the training labels replaced by another '
-                                      'class, seeded by --seed and recorded in <run>/label_noise.json; test labels '
-                                      'stay clean')},
-    check=lambda label_noise: check(0 <= label_noise < 1, f'--label_noise must be in [0, 1), got {label_noise}'),
-    run_name=lambda label_noise: f'_noise_{label_noise}' if label_noise else '')
+                                 help='label noise: this fraction of the training labels replaced by another class, '
+                                      'seeded by --seed and recorded in <run>/label_noise.json; test labels stay '
+                                      'clean'),
+           '--label_noise_kind': dict(choices=list(NOISE_KINDS), default='symmetric',
+                                      help='symmetric: any other class, uniformly; pairflip: the next class (c + 1 '
+                                           'mod C)')},
+    run_name=lambda label_noise, label_noise_kind: (
+        f'_noise_{"" if label_noise_kind == "symmetric" else label_noise_kind + "_"}{label_noise}'
+        if label_noise else ''))
 
 
 def _check_augment(augment, dataset):

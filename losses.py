@@ -181,22 +181,31 @@ class SupConLoss(Loss):
                 q_logits = (anchor @ q_feat.T / self.temperature).masked_fill(~queue.valid, -math.inf)
                 logits = torch.cat([logits, q_logits], dim=1)
             log_denom = torch.logsumexp(logits, dim=1)
-            # positives: sum_{p in P(i)} w_ip z_i.z_p = z_i.(sum_p w_ip z_p), from per-sample / per-class sums
-            sample_sum = contrast.reshape(n_views, bsz, -1).sum(0)                    # [B, D]
-            pos_sum, weight_sum, self_weight = positive_sums(sample_sum, labels, mask)
-            b = torch.arange(anchor.shape[0], device=contrast.device) % bsz          # each anchor's sample
-            pos_dot = (anchor * pos_sum[b]).sum(1) - self_weight[b] * (anchor * anchor).sum(1)
-            n_pos = n_views * weight_sum[b] - self_weight[b]            # the anchor is not its own positive
-            if queue is not None and labels is not None:     # same-label valid queue entries are positives
-                q_sum, q_count = queue_positive_sums(labels, queue, q_feat)
-                pos_dot = pos_dot + (anchor * q_sum[b]).sum(1)
-                n_pos = n_pos + q_count[b]
+            pos_dot, n_pos = positive_dots(anchor, contrast, bsz, n_views, labels, mask, queue)
             has_pos = n_pos >= 1e-6
             n_pos = torch.where(has_pos, n_pos, torch.ones_like(n_pos))
             mean_log_prob_pos = (pos_dot / self.temperature - n_pos * log_denom) / n_pos
             mean_log_prob_pos = torch.where(has_pos, mean_log_prob_pos, torch.zeros_like(mean_log_prob_pos))
             loss = -(self.temperature / self.base_temperature) * mean_log_prob_pos
         return loss.mean()
+
+
+def positive_dots(anchor, contrast, bsz, n_views, labels=None, mask=None, queue=None):
+    """Per anchor row ``i`` (``anchor`` ``[A, D]``, the first ``A`` rows of ``contrast`` ``[V*B, D]``, view-major):
+    ``(sum_{p in P(i)} w_ip z_i.z_p [A], sum_{p in P(i)} w_ip [A])`` over its positives ``P(i)`` (same label, a
+    ``mask``'s weights, or the other views of its own sample; the anchor never its own positive), plus the valid
+    queue entries of its label (``queue``, with ``labels``). Linear in the positives, so it is built from
+    per-sample / per-class sums of the rows, ``z_i.(sum_p w_ip z_p)``: no ``[M, M]`` work."""
+    sample_sum = contrast.reshape(n_views, bsz, -1).sum(0)                    # [B, D]
+    pos_sum, weight_sum, self_weight = positive_sums(sample_sum, labels, mask)
+    b = torch.arange(anchor.shape[0], device=contrast.device) % bsz          # each anchor's sample
+    pos_dot = (anchor * pos_sum[b]).sum(1) - self_weight[b] * (anchor * anchor).sum(1)
+    n_pos = n_views * weight_sum[b] - self_weight[b]            # the anchor is not its own positive
+    if queue is not None and labels is not None:     # same-label valid queue entries are positives
+        q_sum, q_count = queue_positive_sums(labels, queue, queue.feat.to(contrast.dtype))
+        pos_dot = pos_dot + (anchor * q_sum[b]).sum(1)
+        n_pos = n_pos + q_count[b]
+    return pos_dot, n_pos
 
 
 def queue_positive_sums(labels, queue, q_feat):

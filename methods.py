@@ -16,8 +16,9 @@ Adding a method (docs/DEVELOPING.md, "Adding a method")::
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from flags import UserError, call_hook
+from flags import UserError, call_hook, check
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
+from losses_field import EpsSupInfoNCELoss, KCLLoss, SINCERELoss, SpreadLoss, SupDCLLoss
 from losses_rascal import WEIGHTINGS, RASCALLoss
 
 
@@ -161,3 +162,31 @@ register(Method('RASCAL', _build_rascal, help='rank-agreement weighted SupCon (d
                                                        'current/uniform are ablations)')},
                 run_name=_rascal_name, stats_prefix='rascal/'))
 
+
+
+# ---------------------------------------------------------------- the published variants (docs/FIELD.md)
+register(Method('KCL', lambda kcl_k, temp, seed: KCLLoss(kcl_k, temperature=temp, seed=seed),
+                help='K-positive contrastive (Kang et al. 2021): own view + k drawn same-class positives',
+                flags={'--kcl_k': dict(type=int, default=6,
+                                       help='KCL: same-class positives drawn per anchor (default 6, the paper\'s k)')},
+                check=lambda kcl_k: check(kcl_k >= 0, f'--kcl_k must be >= 0, got {kcl_k}'),
+                run_name=lambda kcl_k, temp: (f'KCL_k_{kcl_k}', f'temp_{temp}')))
+register(Method('SINCERE', lambda temp: SINCERELoss(temperature=temp), takes_queue=True,
+                help='SINCERE (Feeney & Hughes): no same-class sample in a positive\'s denominator'))
+register(Method('EpsSupInfoNCE', lambda eps_margin, temp: EpsSupInfoNCELoss(eps_margin, temperature=temp),
+                takes_queue=True, help='epsilon-SupInfoNCE (Barbano et al. 2023): SINCERE with a margin',
+                flags={'--eps_margin': dict(type=float, default=0.1,
+                                            help='epsilon-SupInfoNCE: the margin eps in cosine similarity (default '
+                                                 '0.1)')},
+                check=lambda eps_margin: check(eps_margin >= 0, f'--eps_margin must be >= 0, got {eps_margin}'),
+                run_name=lambda eps_margin, temp: (f'EpsSupInfoNCE_eps_{eps_margin}', f'temp_{temp}')))
+register(Method('SupDCL', lambda temp: SupDCLLoss(temperature=temp), takes_queue=True,
+                help='supervised decoupled contrastive (Yeh et al. 2022): other classes only in the denominator'))
+register(Method('Spread', lambda spread_alpha, temp: SpreadLoss(spread_alpha, temperature=temp), takes_queue=True,
+                help='L_spread (Chen et al. 2022): SupCon + class-conditional InfoNCE against class collapse',
+                flags={'--spread_alpha': dict(type=float, default=0.5,
+                                              help='L_spread: weight of the class-conditional term, in [0, 1] '
+                                                   '(default 0.5)')},
+                check=lambda spread_alpha: check(0 <= spread_alpha <= 1,
+                                                 f'--spread_alpha must be in [0, 1], got {spread_alpha}'),
+                run_name=lambda spread_alpha, temp: (f'Spread_alpha_{spread_alpha}', f'temp_{temp}')))

@@ -46,6 +46,7 @@ SHARED_RUNS = {
     'queue': ('main_supcon.py', ['--moco_m', 0.99, '--shuffle_bn_splits', 4, *QUEUED]),
     'devaug': ('main_supcon.py', ['--augment', 'device', *FAST]),
     'ce': ('main_ce.py', ['--amp', 'fp16', *FAST]),
+    'kcl': ('main_supcon.py', ['--method', 'KCL', '--kcl_k', 3, *FAST]),           # its draws are seeded per step
 }
 
 

@@ -8,6 +8,8 @@ paper, with no vectorization to share bugs with the code under test; and one val
   loss and its cache update.
 - :func:`ntlogistic`, :func:`triplet`: SimCLR's other two losses; :func:`carrot`: CARROT's regularizer
   (docs/CARROT.md).
+- :func:`kcl`, :func:`sincere` (with a margin: epsilon-SupInfoNCE), :func:`supdcl`, :func:`spread`: the published
+  variants of docs/FIELD.md.
 - :func:`assert_value_and_grad_close`: a loss against its oracle, in value and gradient.
 """
 import math
@@ -196,3 +198,90 @@ def carrot(h, y, q_hi=0.9, q_lo=0.1):
     U = min(max(1 - max(hi - lo, 0), L + 1e-3), 0.999)
     terms = [F.relu(L - S[i, j]) ** 2 + F.relu(S[i, j] - U) ** 2 for i, j in pos]
     return torch.stack(terms).mean(), float(L), float(U)
+
+
+# ---------------------------------------------------------------- the field (docs/FIELD.md), one anchor at a time
+def _field_rows(features, labels, queue=None):
+    """Rows ``(vector, label, sample)``: the batch's ``V*B`` rows (view-major), then the valid queue keys
+    (sample ``None``: a queue key is never an anchor and never one of an anchor's own views)."""
+    bsz, n_views = features.shape[:2]
+    f = features.reshape(bsz, n_views, -1)
+    out = [(f[b, v], int(labels[b]), b) for v in range(n_views) for b in range(bsz)]
+    if queue is not None:
+        out += [(queue.feat[j].to(features.dtype), int(queue.label[j]), None)
+                for j in range(queue.feat.shape[0]) if bool(queue.valid[j])]
+    return out, n_views * bsz
+
+
+def _logsumexp(values):
+    return torch.logsumexp(torch.stack(values), 0)
+
+
+def kcl(features, labels, drawn, temperature):
+    """KCL: anchor ``i``'s positives are its own other views and the rows ``drawn[i]`` (a list of row indices);
+    denominator every other row. Mean over the anchors; an anchor without a positive adds 0."""
+    rows, n_rows = _field_rows(features, labels)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, _, si = rows[i]
+        others = [j for j in range(n_rows) if j != i]
+        if not others:
+            continue
+        log_denom = _logsumexp([zi @ rows[j][0] / temperature for j in others])
+        P = [j for j in others if rows[j][2] == si] + list(drawn[i])
+        if P:
+            total = total + sum(log_denom - zi @ rows[p][0] / temperature for p in P) / len(P)
+    return total / n_rows
+
+
+def sincere(features, labels, temperature, margin=0.0, queue=None):
+    """SINCERE (``margin`` 0) / epsilon-SupInfoNCE: per positive ``p`` of anchor ``i``,
+    ``log(exp((z_i.z_p - eps)/tau) + sum_{n: other label} exp(z_i.z_n/tau)) - z_i.z_p/tau``, averaged over the
+    positives, then over the anchors."""
+    rows, n_rows = _field_rows(features, labels, queue)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, _ = rows[i]
+        P = [j for j in range(len(rows)) if j != i and rows[j][1] == yi]
+        N = [j for j in range(len(rows)) if rows[j][1] != yi]
+        if not P:
+            continue
+        terms = []
+        for p in P:
+            s_p = zi @ rows[p][0] / temperature
+            terms.append(_logsumexp([s_p - margin / temperature] + [zi @ rows[n][0] / temperature for n in N]) - s_p)
+        total = total + sum(terms) / len(P)
+    return total / n_rows
+
+
+def supdcl(features, labels, temperature, queue=None):
+    """Supervised DCL: per positive ``p``, ``log sum_{n: other label} exp(z_i.z_n/tau) - z_i.z_p/tau``, averaged
+    over the positives, then over the anchors; an anchor without a positive or a negative adds 0."""
+    rows, n_rows = _field_rows(features, labels, queue)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, _ = rows[i]
+        P = [j for j in range(len(rows)) if j != i and rows[j][1] == yi]
+        N = [j for j in range(len(rows)) if rows[j][1] != yi]
+        if not P or not N:
+            continue
+        neg = _logsumexp([zi @ rows[n][0] / temperature for n in N])
+        total = total + sum(neg - zi @ rows[p][0] / temperature for p in P) / len(P)
+    return total / n_rows
+
+
+def spread(features, labels, temperature, alpha, queue=None):
+    """L_spread: ``(1 - alpha) SupCon + alpha cNCE``; SupCon as :func:`contrastive` with ``tau_base = tau``; cNCE:
+    positives the anchor's own other views, denominator the other rows (and valid queue keys) of its label."""
+    rows, n_rows = _field_rows(features, labels, queue)
+    supcon = contrastive(features, labels, queue=queue, temperature=temperature, base_temperature=temperature)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, si = rows[i]
+        own = [j for j in range(n_rows) if j != i and rows[j][2] == si]
+        same = [j for j in range(len(rows)) if j != i and rows[j][1] == yi]
+        if not own:
+            continue
+        lse = _logsumexp([zi @ rows[a][0] / temperature for a in same])
+        total = total + sum(lse - zi @ rows[p][0] / temperature for p in own) / len(own)
+    return (1 - alpha) * supcon + alpha * total / n_rows

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.slow
 
 RUNS = {
     'supcon_speed': ['--sizes', '64', '--reps', '1'],
+    'field_speed': ['--sizes', '64', '--classes', '4', '--reps', '1'],
     'carrot_overhead': ['--skip_step', '--reps', '1'],
     'rascal_overhead': ['--reps', '1'],
     'chunk_memory': ['--model', 'resnet_tiny', '--size', '8', '--batches', '8,16', '--chunk', '4', '--steps', '1'],

@@ -36,6 +36,11 @@ CASES = {
     'SupCon-queue': ['--method', 'SupCon', '--queue_size', '64', '--moco_m', '0.9'],
     'SimCLR-queue-m0': ['--method', 'SimCLR', '--queue_size', '64', '--moco_m', '0'],
     'RASCAL-queue': ['--method', 'RASCAL', '--queue_size', '64', '--moco_m', '0.9', '--carrot'],
+    'KCL': ['--method', 'KCL', '--kcl_k', '2'],
+    'SINCERE-queue': ['--method', 'SINCERE', '--queue_size', '64', '--moco_m', '0.9'],
+    'EpsSupInfoNCE+CARROT': ['--method', 'EpsSupInfoNCE', '--carrot'],
+    'SupDCL': ['--method', 'SupDCL'],
+    'Spread-queue': ['--method', 'Spread', '--queue_size', '64', '--moco_m', '0'],
 }
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 from conftest import CHUNKED, QUEUED
 
-from helpers import FAST, load, only_run_folder, read_metrics, run_in_process, run_script
+from helpers import FAST, assert_one_line_error, load, only_run_folder, read_metrics, run_in_process, run_script
 
 pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
 
@@ -136,6 +136,54 @@ def test_supcon_carrot_then_linear(tmp_path, method):
     assert 'ECE' in out.stdout and 'NLL' in out.stdout
     res = json.load(open(os.path.join(only_run_folder(tmp_path / 'lin'), 'results.json')))
     assert 0 <= res['final_test_ece'] <= 1 and res['final_test_nll'] > 0
+
+
+# ---------------------------------------------------------------- the published variants (docs/FIELD.md)
+FIELD = {   # method -> flags: each with one of the features its definition allows
+    'KCL': ['--kcl_k', 2, '--chunk_size', 40],
+    'SINCERE': ['--queue_size', 256, '--moco_m', 0],
+    'EpsSupInfoNCE': ['--eps_margin', 0.2, '--carrot'],
+    'SupDCL': ['--carrot', '--carrot_on', 'head'],
+    'Spread': ['--spread_alpha', 0.3, '--queue_size', 256],
+}
+
+
+@pytest.mark.parametrize('method', list(FIELD))
+def test_field_method_trains_resumes_exactly_and_evaluates(method, tmp_path):
+    """2 epochs through main_supcon.py; epoch 1's checkpoint, copied into a fresh folder and resumed, reaches the
+    same weights bit for bit (and KCL's draw count); then main_linear.py evaluates the encoder."""
+    import shutil
+
+    import torch
+    args = ['--method', method, *FIELD[method], '--size', 8, '--batch_size', 256, '--save_freq', 1,
+            '--num_workers', 0, '--print_freq', 1000, '--device', 'cpu']
+    run_script('main_supcon.py', *args, '--epochs', 2, '--save_folder', tmp_path / 'a')
+    run = only_run_folder(tmp_path / 'a')
+    assert os.path.basename(run).startswith(method)
+    rows = read_metrics(run)
+    assert [r['epoch'] for r in rows] == ['1', '2'] and all(float(r['train/loss']) == float(r['train/loss'])
+                                                             for r in rows)
+    copy = tmp_path / 'b' / os.path.relpath(run, tmp_path / 'a')
+    os.makedirs(copy)
+    shutil.copy(os.path.join(run, 'ckpt_epoch_1.pth'), copy / 'last.pth')
+    run_script('main_supcon.py', *args, '--epochs', 2, '--resume', copy / 'last.pth')
+    want, got = load(os.path.join(run, 'last.pth')), load(copy / 'last.pth')
+    assert got['epoch'] == 2
+    assert all(torch.equal(got['model'][k], v) for k, v in want['model'].items())
+    if method == 'KCL':
+        assert got['extra']['criterion']['_extra_state'] == want['extra']['criterion']['_extra_state'] == {'calls': 12}
+    out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--size', 8,
+                     '--save_folder', tmp_path / 'lin', *FAST)
+    assert out.stdout.strip().splitlines()[-1].startswith('final test top-1: ')
+
+
+def test_field_method_errors():
+    for args, words in [(['--method', 'KCL', '--queue_size', 64], '--queue_size is not defined for --method KCL'),
+                        (['--method', 'KCL', '--kcl_k', -1], '--kcl_k must be >= 0'),
+                        (['--method', 'EpsSupInfoNCE', '--eps_margin', -0.1], '--eps_margin must be >= 0'),
+                        (['--method', 'Spread', '--spread_alpha', 2], '--spread_alpha must be in [0, 1]'),
+                        (['--method', 'SupCon', '--kcl_k', 2], '--kcl_k needs --method KCL')]:
+        assert_one_line_error(run_in_process('main_supcon.py', *args), words)
 
 
 # ---------------------------------------------------------------- gradient caching end to end

@@ -57,9 +57,9 @@ def test_linear_probe_separates_what_is_separable():
     assert linear_probe(train, train_y, test, test_y, 6) == linear_probe(train, train_y, test, test_y, 6)
 
 
-def noise_opt(noise, seed=0):
+def noise_opt(noise, seed=0, kind='symmetric'):
     return argparse.Namespace(dataset='digits', size=8, label_granularity='fine', imb_factor=0.01,
-                              label_noise=noise, seed=seed, data_folder=None)
+                              label_noise=noise, label_noise_kind=kind, seed=seed, data_folder=None)
 
 
 def test_label_noise_flips_the_stated_fraction_of_training_labels_only():
@@ -79,6 +79,18 @@ def test_label_noise_flips_the_stated_fraction_of_training_labels_only():
     noisy = build_dataset(noise_opt(0.4), True, None)
     moved = [(noisy.targets[i] - clean[i]) % 10 for i in noisy.label_noise['flipped']]
     assert stats.chisquare(np.bincount(moved, minlength=10)[1:]).pvalue > 1e-3
+
+
+def test_pairflip_noise_moves_a_label_to_the_next_class_only():
+    from data import build_dataset
+    clean = build_dataset(noise_opt(0.0), True, None).targets
+    noisy = build_dataset(noise_opt(0.4, kind='pairflip'), True, None)
+    assert noisy.label_noise['kind'] == 'pairflip'
+    changed = sum(a != b for a, b in zip(clean, noisy.targets))
+    assert changed == noisy.label_noise['n_flipped'] and stats.binomtest(changed, len(clean), 0.4).pvalue > 1e-3
+    assert {(noisy.targets[i] - clean[i]) % 10 for i in noisy.label_noise['flipped']} == {1}
+    # the same draw of which labels flip as symmetric noise with the seed: only where they go differs
+    assert noisy.label_noise['flipped'] == build_dataset(noise_opt(0.4), True, None).label_noise['flipped']
 
 
 def test_coarse_labels_are_noised_after_the_mapping():

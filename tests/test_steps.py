@@ -16,6 +16,11 @@ CASES = {
     'SupCon+CARROT': ['--method', 'SupCon', '--carrot', '--carrot_alpha_max', 'inf'],
     'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
     'CE+CARROT': ['--carrot', '--carrot_alpha_max', 'inf'],
+    'KCL': ['--method', 'KCL', '--kcl_k', '2'],
+    'SINCERE': ['--method', 'SINCERE'],
+    'EpsSupInfoNCE+CARROT': ['--method', 'EpsSupInfoNCE', '--carrot', '--carrot_alpha_max', 'inf'],
+    'SupDCL': ['--method', 'SupDCL'],
+    'Spread': ['--method', 'Spread'],
 }
 
 

@@ -23,6 +23,10 @@ MODES = {
     'SupCon + CARROT': ['--carrot'], 'SupCon + CARROT on the head': ['--carrot', '--carrot_on', 'head'],
     'RASCAL + CARROT + queue': ['--method', 'RASCAL', '--carrot', '--queue_size', '64'],
     'SupCon bf16': ['--amp', 'bf16'],
+    'KCL': ['--method', 'KCL'], 'SINCERE queue': ['--method', 'SINCERE', '--queue_size', '64'],
+    'EpsSupInfoNCE + CARROT': ['--method', 'EpsSupInfoNCE', '--carrot'],
+    'SupDCL queue': ['--method', 'SupDCL', '--queue_size', '64'],
+    'Spread queue': ['--method', 'Spread', '--queue_size', '64'],
 }
 
 
