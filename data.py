@@ -251,6 +251,8 @@ _CIFAR100_COARSE = (CIFAR100_COARSE, _COARSE)
 DATASETS = {
     'digits': DatasetInfo(_digits, _DIGITS_MEAN_STD, size=16, model='resnet_tiny',
                           coarse=(DIGITS_COARSE, list(DIGITS_SUPERCLASSES)), augment='digits'),
+    'digits_lt': DatasetInfo(_digits, _DIGITS_MEAN_STD, size=16, model='resnet_tiny',
+                             coarse=(DIGITS_COARSE, list(DIGITS_SUPERCLASSES)), augment='digits', long_tail=True),
     'cifar10': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD),
     'cifar100': DatasetInfo(_cifar(CIFAR100), _CIFAR100_MEAN_STD, coarse=_CIFAR100_COARSE),
     'cifar10_lt': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD, long_tail=True),
@@ -442,9 +444,10 @@ LABELS = Feature(
     + ('_evalcoarse' if eval_labels == 'coarse' else ''))
 
 LONG_TAIL = Feature(
-    'long tail (cifar10_lt, cifar100_lt)',
+    'long tail (digits_lt, cifar10_lt, cifar100_lt)',
     flags={'--imb_factor': dict(type=float, default=0.01,
-                                help='cifar10_lt/cifar100_lt: smallest/largest class size of the training set')},
+                                help='digits_lt/cifar10_lt/cifar100_lt: smallest/largest class size of the training '
+                                     'set')},
     check=lambda imb_factor: check(0 < imb_factor <= 1, f'--imb_factor must be in (0, 1], got {imb_factor}'),
     run_name=lambda imb_factor, dataset: f'_imb_{imb_factor}' if dataset_info(dataset).long_tail else '')
 

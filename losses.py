@@ -248,6 +248,37 @@ def cross_entropy(logits, labels, reduction='mean'):
     return per_row.sum() if reduction == 'sum' else per_row.mean()
 
 
+class LogitAdjustedLoss(Loss):
+    """Logit-adjusted cross-entropy (Menon et al., ICLR 2021, "Long-tail learning via logit adjustment") and
+    balanced softmax (Ren et al., NeurIPS 2020, "Balanced Meta-Softmax for Long-Tailed Visual Recognition"):
+    cross-entropy on the logits shifted by ``tau`` times the log class prior (docs/USAGE.md, "Long tail")::
+
+        L = mean_i -log softmax(f(x_i) + tau * log pi)[y_i]
+
+    ``pi_c``: the share of class ``c`` among the training labels (a class without a training sample counts as
+    one, so the shift stays finite). Balanced softmax is ``tau = 1``; ``tau = 0`` is plain cross-entropy. The shift
+    is for training only: predictions use the plain logits ``f(x)``.
+
+    Args:
+        class_counts: training samples per class ``[C]``.
+        tau: ``tau`` (>= 0).
+
+    Shapes: logits ``[N, C]``, labels ``[N]``. Output: scalar, float32 for half inputs.
+    """
+
+    def __init__(self, class_counts, tau=1.0):
+        super().__init__()
+        if not tau >= 0 or not math.isfinite(tau):
+            raise ValueError(f'tau must be finite and >= 0, got {tau}')
+        counts = torch.as_tensor(class_counts, dtype=torch.float64).clamp(min=1)
+        self.tau = tau
+        self.register_buffer('offset', (tau * torch.log(counts / counts.sum())).float(), persistent=False)
+
+    def forward(self, logits, labels):
+        logits = upcast(logits)
+        return cross_entropy(logits + self.offset.to(logits.dtype), labels)
+
+
 class NTLogisticLoss(Loss):
     """NT-Logistic loss (Chen et al., SimCLR 2020, Table 2), with positives and negatives balanced.
 

@@ -1,9 +1,19 @@
-"""Cross-entropy baseline (an encoder and a linear layer trained end to end), optionally with
-CARROT on the penultimate features (--carrot). Reports test accuracy, NLL and ECE.
+"""Cross-entropy baseline (an encoder and a linear layer trained end to end), optionally logit-adjusted or balanced
+softmax for a long tail (--loss) and with CARROT on the penultimate features (--carrot). Reports test accuracy, NLL
+and ECE (of the plain logits).
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
-from data import build_dataset, build_loader, build_transform, long_tail_class_counts, num_classes, save_label_noise
+from data import (
+    TwoCropTransform,
+    build_dataset,
+    build_loader,
+    build_transform,
+    class_counts,
+    long_tail_class_counts,
+    num_classes,
+    save_label_noise,
+)
 from engine import evaluate, fit, setup, train_loop, write_results
 from flags import call_hook
 from options import parse_option
@@ -14,13 +24,17 @@ from util import run_cli
 
 def main(argv=None):
     opt = setup(parse_option('ce', argv))
-    train_set = build_dataset(opt, True, build_transform(opt, 'train'))
+    # one-stage SupCon (--supcon_weight) trains on two views with SupCon's augmentation, CE on both
+    two_views = opt.supcon_weight > 0
+    transform = TwoCropTransform(build_transform(opt, 'contrastive')) if two_views else build_transform(opt, 'train')
+    train_set = build_dataset(opt, True, transform)
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
-    train_loader = build_loader(opt, train_set, train=True, kind='train')
+    train_loader = build_loader(opt, train_set, train=True, kind='contrastive' if two_views else 'train',
+                                n_views=2 if two_views else None)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
     test_loader = build_loader(opt, test_set, train=False)
-    ce = CETraining(opt, num_classes(train_set))     # model and CARROT
+    ce = CETraining(opt, num_classes(train_set), class_counts(train_set))     # model, loss and CARROT
     model = ce.model
     optimizer = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     scaler = ce.runtime.grad_scaler()

@@ -25,11 +25,11 @@ from networks import MODELS
 from probes import PROBES
 from runtime import PRECISION, REPRODUCIBILITY
 from schedule import SCHEDULE
-from steps import CARROT_FLAGS, CHUNKS
+from steps import CARROT_FLAGS, CE_LOSS, CHUNKS, ONE_STAGE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours).
-FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, SCHEDULE, PRECISION, AUGMENT, CHUNKS, MONITOR,
-            PROBES, REPRODUCIBILITY]
+FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION, AUGMENT,
+            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY]
 
 # SupContrast's per-script defaults.
 SCRIPT_DEFAULTS = {
@@ -99,7 +99,9 @@ def _core_flags(p, script):
             note = f' (default: {default})' if default is not None and '(default' not in text else ''
             model.add_argument(flag, **{**kwargs, 'default': None,
                                         'help': f'({"/".join(owners)}) {text}{note}'})
-        model.add_argument('--temp', type=float, default=0.07, help='loss temperature (not used by margin_triplet)')
+    if script in ('supcon', 'ce'):      # main_ce.py: one-stage SupCon (--supcon_weight)
+        model.add_argument('--temp', type=float, default=0.07,
+                           help='SupCon temperature (not used by margin_triplet; main_ce.py: with --supcon_weight)')
         model.add_argument('--head', choices=['mlp', 'linear'], default='mlp', help='projection head')
         model.add_argument('--feat_dim', type=int, default=128, help='projection dimension')
     if script == 'linear':

@@ -34,7 +34,7 @@ from distributed import (
     wrap_model,
 )
 from flags import Feature, UserError, call_hook, check
-from losses import cross_entropy
+from losses import LogitAdjustedLoss, SupConLoss, cross_entropy
 from losses_carrot import CARROT, grad_balanced_total_loss
 from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from methods import METHODS, Method, get_method
@@ -185,43 +185,70 @@ class Pretraining:
 # ---------------------------------------------------------------- cross-entropy (main_ce.py)
 class CETraining:
     """What ``main_ce.py`` trains, built once from ``opt``, and its step: the model (``SupCEResNet``, an
-    encoder and a linear classifier; ``ddp_model`` under torchrun) and ``carrot`` (``--carrot``, on the
-    penultimate features). ``model``: an unprepared ``SupCEResNet`` to use instead of a new one."""
+    encoder and a linear classifier, and with ``--supcon_weight`` a projection head; ``ddp_model`` under
+    torchrun), the loss (``--loss``: cross-entropy, or :class:`losses.LogitAdjustedLoss` from ``class_counts``, the
+    training samples per class), one-stage SupCon (``--supcon_weight w``: ``+ w * SupCon`` of the projections of
+    the batch's views) and ``carrot`` (``--carrot``, on the penultimate features). ``model``: an unprepared
+    ``SupCEResNet`` to use instead of a new one."""
 
-    def __init__(self, opt, num_classes: int, model: Optional[SupCEResNet] = None):
+    def __init__(self, opt, num_classes: int, class_counts=None, model: Optional[SupCEResNet] = None):
         self.runtime = runtime = call_hook(Runtime, opt)
         self.chunk_size = opt.chunk_size
         self.carrot_weight, self.carrot_alpha_max = opt.carrot_weight, opt.carrot_alpha_max
+        # --loss: plain cross-entropy, or the logits shifted by tau log(prior) (priors: class_counts, the training
+        # labels after the long-tail subset and label noise)
+        tau = {'ce': None, 'logit_adjusted': opt.la_tau, 'balanced_softmax': 1.0}[opt.loss]
+        self.criterion = None if tau is None else LogitAdjustedLoss(class_counts, tau).to(runtime.device)
+        self.supcon_weight = opt.supcon_weight
+        self.supcon = SupConLoss(temperature=opt.temp) if opt.supcon_weight else None
         if model is None:
-            model = SupCEResNet(opt.model, num_classes=num_classes)
+            model = SupCEResNet(opt.model, num_classes=num_classes, head=opt.head if self.supcon else None,
+                                feat_dim=opt.feat_dim)
         self.model = runtime.prepare_model(model)
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
 
-    def step(self, images: torch.Tensor, labels: torch.Tensor,
+    def step(self, images, labels: torch.Tensor,
              backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One step on ``images`` ``[b, C, H, W]`` and ``labels`` ``[b]``: as :meth:`Pretraining.step`, with one
-        view and no queue. Returns ``(loss, statistics)``."""
+        """One step on ``images`` ``[b, C, H, W]`` (or a list of views, one-stage SupCon) and ``labels`` ``[b]``: as
+        :meth:`Pretraining.step`, without a queue. Returns ``(loss, statistics)``."""
         runtime = self.runtime
+        views = images if isinstance(images, (list, tuple)) else [images]
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
+
+        def loss_from(h, out):
+            return self.loss_from_parts(h, out, labels, len(views), scale)
         if self.chunk_size:
-            return cached_step(runtime, self.model, self.model.encoder, self.model.fc, [images], self.chunk_size,
-                               lambda h, logits: self.loss_from_parts(h, logits, labels, scale), backward)
+            return cached_step(runtime, self.model, self.model.encoder, self.model.outputs, views, self.chunk_size,
+                               loss_from, backward)
         with runtime.autocast():
-            h, logits = self.ddp_model(runtime.to_device(images), parts=True)
-        loss, stats = self.loss_from_parts(h, logits, labels, scale)
+            h, out = self.ddp_model(device_batch(runtime, views), parts=True)
+        loss, stats = loss_from(h, out)
         backward(loss)
         return loss.detach(), stats
 
-    def loss_from_parts(self, h, logits, labels, scale=None):
-        """Cross-entropy (+ CARROT on the penultimate features ``h``) and statistics, this process's batch.
-        ``labels`` where the loader put them (CARROT reads them on the host)."""
-        on_device = labels.to(logits.device, non_blocking=True)
-        loss = cross_entropy(logits.float(), on_device)  # this process's batch; DDP averages the gradients
+    def loss_from_parts(self, h, out, labels, n_views=1, scale=None):
+        """Cross-entropy over every view's logits (``+ w * SupCon`` of the projections, global batch under
+        torchrun; ``+ CARROT`` on the penultimate features ``h``) and statistics, from the encoder output ``h`` and
+        :meth:`SupCEResNet.outputs` ``out`` (view-major rows). ``labels`` where the loader put them (CARROT and
+        SupCon read them on the host)."""
+        logits, proj = out if self.supcon is not None else (out, None)
+        rows = labels.repeat(n_views)
+        on_device = rows.to(logits.device, non_blocking=True)
+        # this process's batch; DDP averages the gradients
+        loss = (self.criterion or cross_entropy)(logits.float(), on_device)
         stats = {'acc': accuracy(logits, on_device)[0], **collapse_statistics(h, 'enc')}
+        params = list(self.model.fc.parameters())
+        if self.supcon is not None:
+            bsz = labels.shape[0]
+            features = torch.stack(torch.split(F.normalize(proj.float(), dim=1), bsz, dim=0), dim=1)   # [b, V, D]
+            supcon = self.supcon(gather_with_grad(features), gather_labels(labels, self.runtime.device))
+            stats['ce'], stats['supcon'] = loss.detach(), supcon.detach()
+            loss = loss + self.supcon_weight * supcon
+            params += list(self.model.head.parameters())
         if self.carrot is not None:
-            loss, carrot_stats = carrot_term(self.carrot, loss, h, labels, self.model.fc.parameters(), scale,
-                                             self.carrot_weight, self.carrot_alpha_max)
+            loss, carrot_stats = carrot_term(self.carrot, loss, h, rows, params, scale, self.carrot_weight,
+                                             self.carrot_alpha_max)
             stats.update(carrot_stats)
         return loss, stats
 
@@ -350,6 +377,36 @@ CARROT_FLAGS = Feature(
            '--carrot_alpha_max': dict(type=float, default=1.0, infinite_ok=True,
                                       help='CARROT: cap on the balanced weight (inf: no cap, the first definition)')},
     run_name=lambda carrot, carrot_on: ('_carrot' + ('-head' if carrot_on == 'head' else '')) if carrot else '')
+
+
+def _check_ce_loss(loss, la_tau, given):
+    check(loss == 'logit_adjusted' or 'la_tau' not in given,
+          f'--la_tau needs --loss logit_adjusted (balanced_softmax is tau = 1), got --loss {loss}')
+    check(la_tau >= 0, f'--la_tau must be >= 0, got {la_tau}')
+
+
+CE_LOSS = Feature(
+    'the cross-entropy family (docs/USAGE.md, "Long tail")', scripts=('ce',), check=_check_ce_loss,
+    flags={'--loss': dict(choices=['ce', 'logit_adjusted', 'balanced_softmax'], default='ce',
+                          help='ce; logit_adjusted (Menon et al. 2021: logits + la_tau log prior in training); '
+                               'balanced_softmax (Ren et al. 2020: the same with tau 1)'),
+           '--la_tau': dict(type=float, default=1.0, help='logit_adjusted: tau (default 1.0)')},
+    run_name=lambda loss, la_tau: {'ce': '', 'logit_adjusted': f'_la_tau_{la_tau}',
+                                   'balanced_softmax': '_balanced_softmax'}[loss])
+
+
+def _check_one_stage(supcon_weight, given):
+    check(supcon_weight >= 0, f'--supcon_weight must be >= 0, got {supcon_weight}')
+    stray = [f for f in ('temp', 'head', 'feat_dim') if f in given]
+    check(supcon_weight > 0 or not stray, f'--{stray[0] if stray else ""} needs --supcon_weight > 0 in main_ce.py')
+
+
+ONE_STAGE = Feature(
+    'one-stage CE + SupCon (docs/USAGE.md)', scripts=('ce',), check=_check_one_stage,
+    flags={'--supcon_weight': dict(type=float, default=0.0,
+                                   help='one stage: cross-entropy + this weight x SupCon on a projection head over two '
+                                        'views (SupCon\'s augmentation; 0: off)')},
+    run_name=lambda supcon_weight, temp: f'_supcon_{supcon_weight}_temp_{temp}' if supcon_weight else '')
 
 
 CHUNKS = Feature(

@@ -129,19 +129,22 @@ def build_encoder(name):
     return fn(), dim
 
 
+def projection_head(head, dim_in, feat_dim):
+    """SupContrast's projection head: ``'linear'`` or ``'mlp'`` (Linear, ReLU, Linear)."""
+    if head == 'linear':
+        return nn.Linear(dim_in, feat_dim)
+    if head == 'mlp':
+        return nn.Sequential(nn.Linear(dim_in, dim_in), nn.ReLU(inplace=True), nn.Linear(dim_in, feat_dim))
+    raise ValueError(f'head not supported: {head!r} (mlp or linear)')
+
+
 class SupConResNet(nn.Module):
     """Encoder + projection head; ``forward`` returns L2-normalized ``[N, feat_dim]``."""
 
     def __init__(self, name='resnet50', head='mlp', feat_dim=128):
         super().__init__()
         self.encoder, dim_in = build_encoder(name)
-        if head == 'linear':
-            self.head = nn.Linear(dim_in, feat_dim)
-        elif head == 'mlp':
-            self.head = nn.Sequential(nn.Linear(dim_in, dim_in), nn.ReLU(inplace=True),
-                                      nn.Linear(dim_in, feat_dim))
-        else:
-            raise ValueError(f'head not supported: {head!r} (mlp or linear)')
+        self.head = projection_head(head, dim_in, feat_dim)
 
     def forward(self, x, parts=False):
         """Normalized projections; with ``parts=True`` (encoder output, projection before normalization).
@@ -154,18 +157,25 @@ class SupConResNet(nn.Module):
 
 
 class SupCEResNet(nn.Module):
-    """Encoder + linear classifier, trained with cross-entropy."""
+    """Encoder + linear classifier, trained with cross-entropy; with ``head`` (``'mlp'``/``'linear'``) also a
+    projection head beside the classifier (one-stage CE + SupCon, ``main_ce.py --supcon_weight``)."""
 
-    def __init__(self, name='resnet50', num_classes=10):
+    def __init__(self, name='resnet50', num_classes=10, head=None, feat_dim=128):
         super().__init__()
         self.encoder, dim_in = build_encoder(name)
         self.fc = nn.Linear(dim_in, num_classes)
+        if head is not None:
+            self.head = projection_head(head, dim_in, feat_dim)
+
+    def outputs(self, h):
+        """What is trained on the encoder output ``h``: the logits, or ``(logits, projection)`` with a head."""
+        logits = self.fc(h)
+        return (logits, self.head(h)) if hasattr(self, 'head') else logits
 
     def forward(self, x, parts=False):
-        """Logits; with ``parts=True`` (encoder output, logits): one DDP-visible forward for both."""
+        """Logits; with ``parts=True`` (encoder output, :meth:`outputs`): one DDP-visible forward for all."""
         h = self.encoder(x)
-        logits = self.fc(h)
-        return (h, logits) if parts else logits
+        return (h, self.outputs(h)) if parts else self.fc(h)
 
 
 class LinearClassifier(nn.Module):

@@ -169,7 +169,8 @@ def step_batch(seed=0):
 def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='cpu'):
     """``steps.Pretraining`` (or ``steps.CETraining`` with ``ce``) as the scripts build it from ``argv``, with
     a ``resnet_tiny`` seeded by 0, batch ``STEP_BSZ``, ``--chunk_size chunk``, on ``device``, 200 dataset ids,
-    3 classes. ``train``: BatchNorm in train mode (else eval: per-sample, so the loss is the only coupling
+    3 classes (CE: 5, 1 and 10 training samples, for ``--loss``'s priors; with ``--supcon_weight``, two views).
+    ``train``: BatchNorm in train mode (else eval: per-sample, so the loss is the only coupling
     of samples); ``dropout``: a dropout layer after the encoder (a forward that draws random numbers)."""
     import torch.nn as nn
 
@@ -180,10 +181,11 @@ def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='
     opt = setup(parse_option('ce' if ce else 'supcon', [*argv, '--batch_size', str(STEP_BSZ), '--device', device,
                                                         '--chunk_size', str(chunk)]), run_folder=False)
     torch.manual_seed(0)
-    net = SupCEResNet('resnet_tiny', num_classes=3) if ce else SupConResNet('resnet_tiny')
+    net = (SupCEResNet('resnet_tiny', num_classes=3, head=opt.head if opt.supcon_weight else None) if ce
+           else SupConResNet('resnet_tiny'))
     if dropout:
         net.encoder = nn.Sequential(net.encoder, nn.Dropout(0.5))
-    training = CETraining(opt, 3, model=net) if ce else Pretraining(opt, 200, model=net)
+    training = CETraining(opt, 3, [5, 1, 10], model=net) if ce else Pretraining(opt, 200, model=net)
     training.model.train(train)
     if getattr(training, 'key_encoder', None) is not None:
         training.key_encoder.eval()
@@ -201,5 +203,5 @@ def take_steps(training, views, labels, ids, seed=None):
         if hasattr(training, 'method'):
             loss, stats = training.step(views, labels, ids)
         else:
-            loss, stats = training.step(views[0], labels)
+            loss, stats = training.step(views if training.supcon is not None else views[0], labels)
     return loss, stats, {n: p.grad.clone() for n, p in training.model.named_parameters()}

@@ -10,6 +10,7 @@ paper, with no vectorization to share bugs with the code under test; and one val
   (docs/CARROT.md).
 - :func:`kcl`, :func:`sincere` (with a margin: epsilon-SupInfoNCE), :func:`supdcl`, :func:`spread`: the published
   variants of docs/FIELD.md.
+- :func:`logit_adjusted`: logit-adjusted cross-entropy and balanced softmax.
 - :func:`assert_value_and_grad_close`: a loss against its oracle, in value and gradient.
 """
 import math
@@ -285,3 +286,15 @@ def spread(features, labels, temperature, alpha, queue=None):
         lse = _logsumexp([zi @ rows[a][0] / temperature for a in same])
         total = total + sum(lse - zi @ rows[p][0] / temperature for p in own) / len(own)
     return (1 - alpha) * supcon + alpha * total / n_rows
+
+
+def logit_adjusted(logits, labels, class_counts, tau):
+    """Logit-adjusted cross-entropy: per row ``-log( exp(f_y + tau log pi_y) / sum_c exp(f_c + tau log pi_c) )``,
+    ``pi_c = max(n_c, 1) / sum_c max(n_c, 1)``; mean over rows."""
+    counts = [max(float(n), 1.0) for n in class_counts]
+    prior = [n / sum(counts) for n in counts]
+    total = logits.sum() * 0.0
+    for row, y in zip(logits, labels):
+        shifted = [row[c] + tau * math.log(prior[c]) for c in range(len(prior))]
+        total = total + torch.logsumexp(torch.stack(shifted), 0) - shifted[int(y)]
+    return total / logits.shape[0]

@@ -102,3 +102,20 @@ def test_load_image_reads_rgb_and_names_a_bad_file(tmp_path):
     bad.write_bytes(b'\x89PNG truncated')
     with pytest.raises(UserError, match='cannot read image .*bad.png'):
         load_image(str(bad))
+
+
+def test_digits_lt_follows_the_profile_with_a_balanced_test_split():
+    import argparse
+
+    from data import build_dataset, class_counts, long_tail_counts
+    opt = argparse.Namespace(dataset='digits_lt', data_folder=None, size=16, imb_factor=0.1, label_noise=0.0,
+                             label_granularity='fine')
+    full = class_counts(build_dataset(argparse.Namespace(**{**vars(opt), 'dataset': 'digits'}), True, None))
+    lt = class_counts(build_dataset(opt, True, None))
+    # class c keeps int(n_max * 0.1^(c/9)) images, or all it has (digits' classes differ a little in size)
+    assert lt == [min(n, want) for n, want in zip(full, long_tail_counts(max(full), 10, 0.1))]
+    assert lt[-1] == int(max(full) * 0.1)
+    assert class_counts(build_dataset(opt, False, None)) == class_counts(
+        build_dataset(argparse.Namespace(**{**vars(opt), 'dataset': 'digits'}), False, None))    # test: as digits
+    rare = class_counts(build_dataset(argparse.Namespace(**{**vars(opt), 'imb_factor': 0.01}), True, None))
+    assert rare[-1] == 1 and min(rare) == 1

@@ -33,6 +33,7 @@ CASES = {
     'SupCon+CARROT': ['--method', 'SupCon', '--carrot'],
     'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
     'CE+CARROT': ['--carrot'],
+    'CE+SupCon': ['--supcon_weight', '0.5', '--loss', 'balanced_softmax'],
     'SupCon-queue': ['--method', 'SupCon', '--queue_size', '64', '--moco_m', '0.9'],
     'SimCLR-queue-m0': ['--method', 'SimCLR', '--queue_size', '64', '--moco_m', '0'],
     'RASCAL-queue': ['--method', 'RASCAL', '--queue_size', '64', '--moco_m', '0.9', '--carrot'],

@@ -1,5 +1,7 @@
 """losses.py: SupConLoss, NTLogisticLoss and MarginalTripletLoss against the per-row / per-pair loops of
 ``tests/reference.py``, written from their equations."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -221,3 +223,30 @@ def test_family_mask_equals_labels_and_bad_arguments():
     # the family shares SupConLoss's argument checks
     with pytest.raises(ValueError):
         SupConLoss()(features, labels=labels[:3])
+
+
+# ---------------------------------------------------------------- logit-adjusted cross-entropy, balanced softmax
+@pytest.mark.parametrize('counts,labels', [([50, 20, 5, 1], [0, 1, 2, 3, 0, 0]),     # a long tail
+                                           ([7, 0, 3, 9], [0, 2, 3, 3]),             # a class absent from training
+                                           ([5], [0, 0, 0])])                        # one class
+@pytest.mark.parametrize('tau', [0.0, 1.0, 1.7])
+def test_logit_adjusted_matches_reference(counts, labels, tau):
+    from losses import LogitAdjustedLoss
+    logits = torch.randn(len(labels), len(counts), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.tensor(labels)
+    loss = LogitAdjustedLoss(counts, tau).double()
+    reference.assert_value_and_grad_close(lambda x: loss(x, labels),
+                                          lambda x: reference.logit_adjusted(x, labels, counts, tau), logits)
+    if tau == 0:
+        torch.testing.assert_close(loss(logits, labels), F.cross_entropy(logits, labels))
+
+
+def test_logit_adjustment_power_and_arguments():
+    """The shift favours rare classes in the loss (a head-class prediction costs more), and bad tau is refused."""
+    from losses import LogitAdjustedLoss
+    logits, labels = torch.zeros(1, 2), torch.tensor([0])
+    head = LogitAdjustedLoss([90, 10], 1.0)(logits, labels)
+    assert float(head) < float(F.cross_entropy(logits, labels))     # the head class's label is cheap when adjusted
+    for tau in (-1.0, math.inf):
+        with pytest.raises(ValueError):
+            LogitAdjustedLoss([1, 2], tau)

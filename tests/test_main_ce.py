@@ -1,10 +1,11 @@
 """main_ce.py end to end on the bundled digits (then main_linear.py on its encoder), with CARROT (--resume:
 tests/test_resume.py)."""
+import json
 import os
 
 import pytest
 
-from helpers import FAST, only_run_folder, read_metrics, run_script
+from helpers import FAST, assert_one_line_error, only_run_folder, read_metrics, run_in_process, run_script
 
 pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
 
@@ -26,3 +27,49 @@ def test_ce_carrot(tmp_path):
     rows = read_metrics(only_run_folder(tmp_path))
     assert float(rows[-1]['train/carrot/alpha']) == pytest.approx(0.5)
     assert {'test/ece', 'test/nll', 'test/acc'} <= set(rows[-1]) and 'ECE' in out.stdout
+
+
+def test_long_tailed_digits_with_logit_adjustment(tmp_path):
+    out = run_script('main_ce.py', '--dataset', 'digits_lt', '--imb_factor', 0.1, '--loss', 'logit_adjusted',
+                     '--la_tau', 1.5, '--epochs', 1, '--save_folder', tmp_path, *FAST)
+    run = only_run_folder(tmp_path)
+    assert '_imb_0.1' in run and '_la_tau_1.5' in run and 'final test top-1' in out.stdout
+    results = json.load(open(os.path.join(run, 'results.json')))
+    assert {'final_test_many_acc', 'final_test_medium_acc', 'final_test_few_acc'} <= set(results)
+
+
+def test_ce_loss_errors():
+    for args, words in [(['--la_tau', 2], '--la_tau needs --loss logit_adjusted'),
+                        (['--loss', 'balanced_softmax', '--la_tau', 2], '--la_tau needs --loss logit_adjusted'),
+                        (['--loss', 'logit_adjusted', '--la_tau', -1], '--la_tau must be >= 0'),
+                        (['--loss', 'nope'], '--loss'),
+                        (['--temp', 0.1], '--temp needs --supcon_weight > 0'),
+                        (['--supcon_weight', -1], '--supcon_weight must be >= 0')]:
+        assert_one_line_error(run_in_process('main_ce.py', *args), words)
+
+
+def test_one_stage_ce_supcon_resumes_exactly_and_evaluates(tmp_path):
+    """main_ce.py --supcon_weight: 2 epochs; epoch 1's checkpoint resumed in a fresh folder reaches the same weights
+    bit for bit; main_linear.py reads its encoder."""
+    import shutil
+
+    import torch
+
+    from helpers import load
+    args = ['--supcon_weight', 0.5, '--temp', 0.1, '--loss', 'balanced_softmax', '--size', 8, '--batch_size', 256,
+            '--save_freq', 1, '--num_workers', 0, '--print_freq', 1000, '--device', 'cpu']
+    run_script('main_ce.py', *args, '--epochs', 2, '--save_folder', tmp_path / 'a')
+    run = only_run_folder(tmp_path / 'a')
+    assert '_balanced_softmax' in run and '_supcon_0.5_temp_0.1' in run
+    row = read_metrics(run)[-1]
+    assert float(row['train/supcon']) > 0 and float(row['train/ce']) > 0
+    copy = tmp_path / 'b' / os.path.relpath(run, tmp_path / 'a')
+    os.makedirs(copy)
+    shutil.copy(os.path.join(run, 'ckpt_epoch_1.pth'), copy / 'last.pth')
+    run_script('main_ce.py', *args, '--epochs', 2, '--resume', copy / 'last.pth')
+    want, got = load(os.path.join(run, 'last.pth')), load(copy / 'last.pth')
+    assert any(k.startswith('head.') for k in want['model'])
+    assert all(torch.equal(got['model'][k], v) for k, v in want['model'].items())
+    out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--size', 8,
+                     '--save_folder', tmp_path / 'lin', *FAST)
+    assert out.stdout.strip().splitlines()[-1].startswith('final test top-1: ')

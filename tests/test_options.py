@@ -98,11 +98,17 @@ ACCEPTED = {
     ('--queue_size', '0'): 'no queue (the default)', ('--moco_m', '0'): 'no key encoder: the keys are the queries',
     ('--label_noise', '0'): 'no label noise (the default)',
     ('--shot_seed', '-1'): 'any integer is a seed', ('--shot_seed', '0'): 'the default seed of the draws',
+    ('--supcon_weight', '0'): 'one-stage SupCon off (the default)', ('--kcl_k', '0'): 'KCL: the own views only',
+    ('--eps_margin', '0'): 'epsilon-SupInfoNCE is SINCERE', ('--spread_alpha', '0'): 'L_spread is SupCon',
+    ('--la_tau', '0'): 'logit adjustment is plain cross-entropy',
 }
 NEEDS = {   # flags that only mean something with another flag: given alone they are refused
     '--margin': ['--simclr_loss', 'margin_triplet'], '--rascal_weighting': ['--method', 'RASCAL'],
     '--carrot_alpha_max': ['--carrot'], '--carrot_weight': ['--carrot'], '--carrot_on': ['--carrot'],
     '--moco_m': ['--queue_size', '1024'], '--shuffle_bn_splits': ['--queue_size', '1024'],
+    '--kcl_k': ['--method', 'KCL'], '--eps_margin': ['--method', 'EpsSupInfoNCE'],
+    '--spread_alpha': ['--method', 'Spread'],
+    '--la_tau': ['--loss', 'logit_adjusted'],
 }
 
 

@@ -16,6 +16,8 @@ CASES = {
     'SupCon+CARROT': ['--method', 'SupCon', '--carrot', '--carrot_alpha_max', 'inf'],
     'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
     'CE+CARROT': ['--carrot', '--carrot_alpha_max', 'inf'],
+    'CE+SupCon+CARROT': ['--supcon_weight', '0.5', '--carrot', '--carrot_alpha_max', 'inf'],
+    'CE-logit_adjusted': ['--loss', 'logit_adjusted', '--la_tau', '1.5'],
     'KCL': ['--method', 'KCL', '--kcl_k', '2'],
     'SINCERE': ['--method', 'SINCERE'],
     'EpsSupInfoNCE+CARROT': ['--method', 'EpsSupInfoNCE', '--carrot', '--carrot_alpha_max', 'inf'],
