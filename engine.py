@@ -55,10 +55,13 @@ def setup(opt, run_folder=True):
 
 def check_resume(opt):
     """With ``--resume``: the checkpoint was written by this script and its experiment-defining flags
-    equal this command line's (one :class:`UserError` naming every difference)."""
+    equal this command line's (one :class:`UserError` naming every difference); it is not older than the run
+    folder's ``last.pth`` (resuming it would roll the run back: refused); and a run already at ``--epochs`` is
+    finished: one line says so and the process exits 0 without touching anything."""
     if not opt.resume:
         return
-    config = load_checkpoint(opt.resume, 'checkpoint for --resume')['config']
+    ckpt = load_checkpoint(opt.resume, 'checkpoint for --resume')
+    config, epoch = ckpt['config'], int(ckpt.get('epoch', 0))
     script = config.get('script')
     if script and script != opt.script:
         raise UserError(f'{opt.resume} was written by main_{script}.py, not main_{opt.script}.py')
@@ -66,6 +69,16 @@ def check_resume(opt):
     if conflicts:
         raise UserError(f'{opt.resume} is another experiment; resume it with its own flags ({"; ".join(conflicts)}), '
                         f'or start a new run without --resume')
+    last = os.path.join(opt.run_folder, 'last.pth')
+    if os.path.isfile(last) and not os.path.samefile(last, opt.resume):
+        newer = int(load_checkpoint(last, 'the run\'s last.pth').get('epoch', 0))
+        if newer > epoch:
+            raise UserError(f'{last} is at epoch {newer}, past --resume {opt.resume} (epoch {epoch}): resuming would '
+                            f'roll the run back; resume {last}, or copy the checkpoint into a new folder to branch')
+    if epoch >= opt.epochs:
+        if os.environ.get('RANK', '0') == '0':
+            print(f'{opt.resume}: the run is finished (epoch {epoch}, --epochs {opt.epochs}): nothing to do')
+        raise SystemExit(0)
 
 
 def prepare_run_folder(opt):

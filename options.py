@@ -16,7 +16,8 @@ import argparse
 import math
 import os
 
-from data import AUGMENT, DATASETS, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info
+from checkpoint import load_checkpoint
+from data import AUGMENT, DATASETS, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info, mean_std
 from flags import SCRIPTS, call_hook, check, dest, epoch_list, floats
 from knn import MONITOR
 from memory_queue import QUEUE
@@ -160,7 +161,7 @@ def validate(opt, script, given):
     check(opt.size >= 1, f'--size must be >= 1, got {opt.size}')
     check(opt.weight_decay >= 0 and opt.momentum >= 0, '--weight_decay and --momentum must be >= 0')
     check(opt.lr_decay_rate > 0, f'--lr_decay_rate must be > 0, got {opt.lr_decay_rate}')
-    if script == 'supcon':
+    if script in ('supcon', 'ce'):
         check(opt.temp > 0, f'--temp must be > 0, got {opt.temp}')
         check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
     if script == 'linear':
@@ -199,14 +200,40 @@ def run_name(opt, script):
     return name + ''.join(call_hook(f.run_name, opt) for f in FEATURES if f.run_name is not None)
 
 
+# How a stage-1 encoder saw its images: main_linear.py takes these (and --model) from its --ckpt
+STAGE1_INPUT = ('model', 'size', 'mean', 'std')
+
+
+def adopt_stage1_settings(opt, given):
+    """main_linear.py: ``--model``, ``--size``, ``--mean`` and ``--std`` as the stage-1 checkpoint's configuration
+    has them (its dataset's normalization when it used the default); a different value given on the command line
+    is a one-line error. Checkpoints without a configuration (SupContrast's) leave the flags as they are."""
+    config = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)').get('config') or {}
+    saved = {key: config.get(key) for key in STAGE1_INPUT}
+    if config.get('dataset') in DATASETS and dataset_info(config['dataset']).mean_std is not None:
+        saved['mean'], saved['std'] = mean_std(config['dataset'], config.get('mean'), config.get('std'))
+    for key, value in saved.items():
+        if value is None:
+            continue
+        value = tuple(value) if isinstance(value, list) else value
+        now = getattr(opt, key)
+        check(key not in given or now == value or (isinstance(value, tuple) and tuple(now) == value),
+              f'--{key} {now} contradicts the stage-1 checkpoint {opt.ckpt}, whose encoder was trained with '
+              f'{value}: leave --{key} out')
+        setattr(opt, key, value)
+
+
 def parse_option(script, argv=None):
     """Parse, fill dataset- and method-dependent defaults, validate, and name the run folder.
 
-    Nothing here touches a device, a process group or a file: ``engine.setup(opt)`` does."""
+    Nothing here touches a device or a process group (``engine.setup(opt)`` does); the only file read is
+    main_linear.py's ``--ckpt`` configuration (:func:`adopt_stage1_settings`)."""
     opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(build_parser(script).parse_args(argv))})
     given = given_flags(script, argv)
     opt.script = script
     info = dataset_info(opt.dataset)
+    if script == 'linear' and opt.ckpt and os.path.isfile(opt.ckpt):    # a missing file: one line, later
+        adopt_stage1_settings(opt, given)
     if opt.model is None and script != 'linear':  # main_linear takes the checkpoint's
         opt.model = info.model
     if opt.size is None:

@@ -18,6 +18,7 @@ from helpers import (
     assert_one_line_error,
     load,
     only_run_folder,
+    read_metrics,
     run_in_process,
     run_script,
     script_env,
@@ -231,3 +232,42 @@ def test_deterministic_mode_runs_every_part(tmp_path):
     out = run_script('main_ce.py', *FAST, '--deterministic', '--carrot', '--epochs', 1,
                      '--save_folder', tmp_path / 'ce')
     assert 'final test top-1' in out.stdout
+
+
+# ---------------------------------------------------------------- resume: finished runs, roll-backs, stage 2's input
+@pytest.mark.slow
+def test_stage_two_takes_its_input_from_stage_one_and_a_linear_run_resumes(tmp_path):
+    """Issue 33, cases 2, 5 and 15: main_linear.py takes --size (and --model, --mean, --std) from the stage-1
+    checkpoint and refuses a contradicting --size in one line; its run resumes with its own flags (extended by
+    --epochs), and resuming a finished run changes nothing (one line, exit 0)."""
+    import json
+    run_script('main_supcon.py', '--size', 8, '--epochs', 1, '--save_folder', tmp_path / 'pre', *FAST)
+    ckpt = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    lin_args = ['--ckpt', ckpt, '--learning_rate', 1, '--save_folder', tmp_path / 'lin', *FAST]
+    run_script('main_linear.py', *lin_args, '--epochs', 2)
+    lin = only_run_folder(tmp_path / 'lin')
+    results = os.path.join(lin, 'results.json')
+    assert json.load(open(results))['config']['size'] == 8
+    assert_one_line_error(run_in_process('main_linear.py', *lin_args, '--epochs', 2, '--size', 16),
+                          '--size 16 contradicts the stage-1 checkpoint')
+    before = _digest(results), _digest(os.path.join(lin, 'last.pth'))
+    done = run_script('main_linear.py', *lin_args, '--epochs', 2, '--resume', os.path.join(lin, 'last.pth'))
+    assert done.stdout.strip().splitlines() == [f'{os.path.join(lin, "last.pth")}: the run is finished (epoch 2, '
+                                                f'--epochs 2): nothing to do']
+    assert (_digest(results), _digest(os.path.join(lin, 'last.pth'))) == before
+    more = run_script('main_linear.py', *lin_args, '--epochs', 3, '--resume', os.path.join(lin, 'last.pth'))
+    assert f'resumed from {os.path.join(lin, "last.pth")} at epoch 2' in more.stdout
+    assert [r['epoch'] for r in read_metrics(lin)] == ['1', '2', '3']
+
+
+@pytest.mark.slow
+def test_resuming_an_older_checkpoint_is_refused(tmp_path):
+    """Issue 33, case 6: resuming ckpt_epoch_1.pth of a run whose last.pth is at epoch 2 would roll it back."""
+    args = ['--epochs', 2, '--save_freq', 1, '--size', 8, '--batch_size', 256, '--num_workers', 0,
+            '--print_freq', 1000, '--device', 'cpu']
+    run_script('main_ce.py', *args, '--save_folder', tmp_path)
+    run = only_run_folder(tmp_path)
+    before = _digest(os.path.join(run, 'last.pth'))
+    proc = run_in_process('main_ce.py', *args, '--resume', os.path.join(run, 'ckpt_epoch_1.pth'))
+    assert_one_line_error(proc, 'is at epoch 2, past --resume', 'roll the run back')
+    assert _digest(os.path.join(run, 'last.pth')) == before and len(read_metrics(run)) == 2
