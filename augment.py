@@ -406,10 +406,11 @@ class DeviceLoader:
 
     ``images``, ``targets``: the split's uint8 ``[N, H, W, C]`` array and labels (``data.in_memory_images``);
     ``batch_size``: this process's; ``size``, ``mean_std``, ``style``: as :class:`BatchAugment`; ``seed``,
-    ``world_size``, ``rank``: the shuffle and this process's shard (training only)."""
+    ``world_size``, ``rank``: the shuffle and this process's shard (training only); ``drop_last``: leave out an
+    epoch's last, smaller batch (as ``DataLoader(drop_last=True)``)."""
 
     def __init__(self, dataset, images, targets, kind, *, device, batch_size, size, mean_std, style, n_views=None,
-                 seed=0, world_size=1, rank=0, channels_last=False):
+                 seed=0, world_size=1, rank=0, channels_last=False, drop_last=False):
         self.dataset, self.n_views, self.with_ids = dataset, n_views, isinstance(dataset, IndexedDataset)
         self.images = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).contiguous().to(device)
         self.labels = torch.as_tensor(targets, dtype=torch.long)     # on the host, as a DataLoader yields them
@@ -417,7 +418,7 @@ class DeviceLoader:
         self.batch_size = batch_size
         self.seed, self.epoch = seed, 0
         self.world_size, self.rank = (world_size, rank) if self.train else (1, 0)
-        self.channels_last = channels_last
+        self.channels_last, self.drop_last = channels_last, drop_last
         self.augment = BatchAugment(size, *mean_std, style, kind,
                                     augment_generator(device, seed, rank) if self.train else None)
         self.sampler = self                      # engine.train_loop calls loader.sampler.set_epoch(epoch)
@@ -439,7 +440,8 @@ class DeviceLoader:
         return order[self.rank:total:self.world_size]
 
     def __len__(self):
-        return math.ceil(math.ceil(self.images.shape[0] / self.world_size) / self.batch_size)
+        per_process = math.ceil(self.images.shape[0] / self.world_size)
+        return per_process // self.batch_size if self.drop_last else math.ceil(per_process / self.batch_size)
 
     def _augmented(self, x):
         out = self.augment(x)
@@ -451,7 +453,7 @@ class DeviceLoader:
         copied to the device once)."""
         order = self.indices()
         on_device = order.to(self.images.device, non_blocking=True)
-        for start in range(0, order.shape[0], self.batch_size):
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = order[start:start + self.batch_size]
             x = self.images[on_device[start:start + self.batch_size]]
             if self.n_views:                     # all views in one call: bigger groups, fewer operations

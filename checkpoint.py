@@ -38,6 +38,7 @@ def save_checkpoint(path, state):
     torch.save(state, buffer)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_', suffix='.pth')
     try:
+        os.chmod(tmp, 0o666 & ~current_umask())        # mkstemp makes it 0600: the mode of any other file instead
         with os.fdopen(fd, 'wb') as f:
             f.write(buffer.getbuffer())
             f.flush()
@@ -51,6 +52,13 @@ def save_checkpoint(path, state):
                             + ('the previous one is intact' if os.path.isfile(path) else 'nothing was saved yet')) \
                 from None
         raise
+
+
+def current_umask():
+    """The process's umask (read by setting it and back: there is no getter)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_failure(e, folder, size):

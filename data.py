@@ -7,6 +7,7 @@ when possible), their long-tailed training sets ``cifar10_lt`` / ``cifar100_lt``
 stratified 80/20 train/test split, upsampled to ``--size`` and made RGB.
 ``--label_granularity coarse`` trains on superclasses (CIFAR-100's 20, digits' 5).
 """
+import math
 import os
 import pickle
 from dataclasses import dataclass
@@ -381,6 +382,7 @@ def build_loader(opt, dataset, train, kind=None, n_views=None):
     if opt.augment == 'device':
         images, targets = in_memory_images(dataset)
         return DeviceLoader(dataset, images, targets, kind if train else 'eval', device=opt.device,
+                            drop_last=train and last_batch_of_one(len(images), opt.world_size, opt.local_batch_size),
                             batch_size=opt.local_batch_size if train else opt.batch_size, size=opt.size,
                             mean_std=mean_std(opt.dataset, opt.mean, opt.std), style=dataset_info(opt.dataset).augment,
                             n_views=n_views, seed=opt.seed, world_size=opt.world_size, rank=opt.rank,
@@ -393,8 +395,17 @@ def build_loader(opt, dataset, train, kind=None, n_views=None):
     # the kNN monitor must not move the training run's random numbers
     return DataLoader(dataset, batch_size=opt.local_batch_size if train else opt.batch_size,
                       shuffle=train and sampler is None, sampler=sampler, num_workers=opt.num_workers,
-                      pin_memory=opt.device.type == 'cuda', drop_last=False,
+                      pin_memory=opt.device.type == 'cuda',
+                      drop_last=train and last_batch_of_one(len(dataset), opt.world_size, opt.local_batch_size),
                       generator=None if train else torch.Generator().manual_seed(0))
+
+
+def last_batch_of_one(n, world_size, batch_size):
+    """Whether an epoch of ``n`` samples, split over ``world_size`` processes (``DistributedSampler`` pads each to
+    ``ceil(n / W)``) in batches of ``batch_size``, ends with a batch of one sample: BatchNorm cannot train on it,
+    so training loaders drop that batch (the sample is seen in other epochs' orders)."""
+    per_process = math.ceil(n / world_size)
+    return per_process > 1 and per_process % batch_size == 1
 
 
 def in_memory_images(dataset):

@@ -153,6 +153,9 @@ def validate(opt, script, given):
         values = value if isinstance(value, tuple) else (value,)
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             check(key in MAY_BE_INFINITE and not math.isnan(value), f'--{key} must be a finite number, got {value}')
+        # every integer flag reaches torch or NumPy as a 64-bit integer (seeds, sizes, counts)
+        check(not any(isinstance(v, int) and not -2 ** 63 <= v < 2 ** 63 for v in values),
+              f'--{key} is out of range (a 64-bit integer), got {value}')
     check(opt.batch_size >= 1, f'--batch_size must be >= 1, got {opt.batch_size}')
     check(opt.epochs >= 1, f'--epochs must be >= 1, got {opt.epochs}')
     check(opt.learning_rate > 0, f'--learning_rate must be > 0, got {opt.learning_rate}')

@@ -370,3 +370,14 @@ def test_evaluation_loaders_equal_the_cpu_evaluation_transform():
     want = torch.stack([test[i][0] for i in range(len(test))])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert torch.cat([y for _, y in loader]).tolist() == test.targets
+
+
+def test_device_loader_drops_a_last_batch_of_one():
+    import numpy as np
+
+    from augment import DeviceLoader
+    images, targets = np.zeros((9, 8, 8, 3), dtype=np.uint8), [0, 1, 2] * 3
+    kw = dict(device=torch.device('cpu'), batch_size=4, size=8, mean_std=((0.5,) * 3, (0.25,) * 3), style='digits')
+    sizes = [len(b[1]) for b in DeviceLoader(None, images, targets, 'train', drop_last=True, **kw)]
+    assert sizes == [4, 4] and len(DeviceLoader(None, images, targets, 'train', drop_last=True, **kw)) == 2
+    assert [len(b[1]) for b in DeviceLoader(None, images, targets, 'train', **kw)] == [4, 4, 1]

@@ -1,6 +1,7 @@
 """checkpoint.py through the scripts: corrupt, truncated and mismatched checkpoints are one-line errors;
 checkpoints of the original SupContrast and of torch.compile load."""
 import argparse
+import os
 import pickle
 
 import pytest
@@ -69,3 +70,15 @@ def test_original_supcontrast_and_compiled_checkpoints(tiny_ckpt, tmp_path):
         out = run_script('main_linear.py', '--ckpt', tmp_path / name, '--epochs', 1,
                          '--save_folder', tmp_path / name.split('.')[0], *FAST)
         assert 'final test top-1' in out.stdout
+
+
+def test_checkpoints_get_the_mode_of_other_files(tmp_path):
+    """Issue 33: last.pth was 0600 (a temporary file renamed) while other run files follow the umask."""
+    from checkpoint import save_checkpoint
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(str(tmp_path / "last.pth"), {"model": {}})
+        (tmp_path / 'other.txt').write_text('x')
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / 'last.pth').st_mode & 0o777 == os.stat(tmp_path / 'other.txt').st_mode & 0o777 == 0o644

@@ -119,3 +119,11 @@ def test_digits_lt_follows_the_profile_with_a_balanced_test_split():
         build_dataset(argparse.Namespace(**{**vars(opt), 'dataset': 'digits'}), False, None))    # test: as digits
     rare = class_counts(build_dataset(argparse.Namespace(**{**vars(opt), 'imb_factor': 0.01}), True, None))
     assert rare[-1] == 1 and min(rare) == 1
+
+
+def test_a_training_batch_of_one_is_dropped():
+    """Issue 33, case 10: an epoch whose last batch would hold one sample (BatchNorm cannot train on it) drops it,
+    with DataLoader and with --augment device; other epochs keep their last batch."""
+    from data import last_batch_of_one
+    assert last_batch_of_one(1437, 1, 4) and not last_batch_of_one(1437, 1, 128)
+    assert last_batch_of_one(9, 2, 4) and not last_batch_of_one(1, 1, 4)      # 5 per process under torchrun

@@ -73,3 +73,16 @@ def test_one_stage_ce_supcon_resumes_exactly_and_evaluates(tmp_path):
     out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--size', 8,
                      '--save_folder', tmp_path / 'lin', *FAST)
     assert out.stdout.strip().splitlines()[-1].startswith('final test top-1: ')
+
+
+def test_batch_of_one_never_reaches_batchnorm(tmp_path):
+    """Issue 33, case 10: 9 training images in batches of 4 leave one image at the end of an epoch: it is dropped
+    (train mode BatchNorm fails on a batch of one), so the run completes and saves."""
+    from helpers import make_image_folder
+    make_image_folder(tmp_path / 'data' / 'train', per_class=3)
+    make_image_folder(tmp_path / 'data' / 'val', per_class=2)
+    proc = run_in_process('main_ce.py', '--dataset', 'path', '--data_folder', tmp_path / 'data', '--mean', 0.5,
+                          '--std', 0.25, '--size', 8, '--batch_size', 4, '--epochs', 1, '--num_workers', 0,
+                          '--device', 'cpu', '--save_folder', tmp_path / 'runs')
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert os.path.isfile(os.path.join(only_run_folder(tmp_path / 'runs'), 'last.pth'))

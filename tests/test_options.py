@@ -255,3 +255,11 @@ def test_usage_flag_table_matches_the_parsers():
                     text = text.split(' / ')[('supcon', 'ce', 'linear').index(script)]
                 assert _same_default(text, default), f'{flag} ({script}): docs/USAGE.md says {rows[flag]!r}, ' \
                                                      f'the parser {default!r}'
+
+
+def test_integers_beyond_64_bits_are_refused_in_one_line(capsys):
+    """Issue 33, case 8: --seed 1180591620717411303424 overflowed inside torch (a traceback)."""
+    for script, flag in [('supcon', '--seed'), ('linear', '--shot_seed'), ('ce', '--epochs')]:
+        base = ['--ckpt', 'x.pth'] if script == 'linear' else []
+        accepted, lines = _outcome(script, base + [flag, '1180591620717411303424'], capsys)
+        assert not accepted and len(lines) == 1 and f'{flag} is out of range' in lines[0]
