@@ -24,7 +24,7 @@ from knn import extract_features
 from monitors import rankme
 from options import Parser
 from runtime import Runtime, resolve_device
-from util import run_cli
+from util import run_cli, writable_folder
 
 
 def kappa_hat(features, labels):
@@ -88,6 +88,9 @@ def plot_drift(hist_path, path):
     return True
 
 
+TSNE_MIN_POINTS = 5     # the perplexity (at least 2 here) must be below the number of points
+
+
 def plot_tsne(feats, colourings, path, seed):
     import matplotlib.pyplot as plt
     from sklearn.manifold import TSNE
@@ -129,6 +132,8 @@ def main(argv=None):
     p.add_argument('--device', default='auto')
     p.add_argument('--seed', type=int, default=0)
     opt = p.parse_args(argv)
+    run = os.path.dirname(os.path.abspath(opt.ckpt))
+    out = writable_folder(opt.out or os.path.join(run, 'analysis'), '--out')     # before any work
     config = load_checkpoint(opt.ckpt, 'checkpoint (--ckpt)').get('config', {})
     opt.dataset = opt.dataset or config.get('dataset', 'digits')
     opt.data_folder = opt.data_folder or config.get('data_folder') or './datasets/'
@@ -144,9 +149,6 @@ def main(argv=None):
     if opt.max_points < 10:
         raise UserError(f'--max_points must be >= 10, got {opt.max_points}')
     coarse = config.get('label_granularity') == 'coarse'
-    run = os.path.dirname(os.path.abspath(opt.ckpt))
-    out = opt.out or os.path.join(run, 'analysis')
-    os.makedirs(out, exist_ok=True)
     runtime = Runtime(opt.device)
     encoder, opt.model = load_encoder(opt.ckpt, opt.model, info.model, runtime)
     transform = build_transform(opt, 'eval')
@@ -180,8 +182,15 @@ def main(argv=None):
     colourings = [('fine class' if coarse else 'class', test_labels.tolist())]
     if coarse:
         colourings.insert(0, ('coarse class (trained on)', to_coarse[test_labels].tolist()))
-    plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed)
-    summary += ['## t-SNE of test-split encoder features', '', f'{len(keep)} points.', '', '![t-SNE](tsne.png)', '']
+    summary += ['## t-SNE of test-split encoder features', '']
+    if len(keep) >= TSNE_MIN_POINTS:
+        plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed)
+        summary += [f'{len(keep)} points.', '', '![t-SNE](tsne.png)', '']
+    else:
+        why = (f't-SNE skipped: the test split has {len(keep)} images, and a map needs at least {TSNE_MIN_POINTS} '
+               '(its perplexity must be below the number of points)')
+        print(f'note: {why}')
+        summary += [why + '.', '']
     n_classes = len(set(test_labels.tolist()))
     summary += ['## Effective rank (RankMe) of the unit test-split encoder features', '',
                 f'RankMe = {rankme(test_feats):.2f} of at most {min(test_feats.shape)} (Garrido et al. 2023). '

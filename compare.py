@@ -26,7 +26,7 @@ import sys
 
 from flags import UserError
 from monitors import CollapseWatch
-from util import run_cli
+from util import run_cli, writable_folder
 
 COLUMNS = [('final_test_acc', 'test top-1 (%)', 2), ('final_test_ece', 'ECE', 4), ('final_test_nll', 'NLL', 4),
            ('final_test_many_acc', 'many-shot (%)', 2), ('final_test_medium_acc', 'medium-shot (%)', 2),
@@ -42,6 +42,23 @@ def find_results(pattern):
         else:
             found += sorted(glob.glob(os.path.join(match, '**', 'results.json'), recursive=True))
     return found
+
+
+def check_numbers(path, results, keys):
+    """A :class:`UserError` unless ``results`` (read from ``path``) is an object whose ``keys``, where present, are
+    numbers and whose ``config.seed``, where present, is an integer (``null`` or a string there: one line)."""
+    if not isinstance(results, dict):
+        raise UserError(f'{path} is not a results.json (a JSON object), it holds a {type(results).__name__}')
+    for key in keys:
+        value = results.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f'{path}: {key} is {json.dumps(value)}, not a number')
+    config = results.get('config', {})
+    if not isinstance(config, dict):
+        raise UserError(f'{path}: config is {json.dumps(config)}, not an object')
+    seed = config.get('seed', 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise UserError(f'{path}: config.seed is {json.dumps(seed)}, not an integer')
 
 
 def mean_std(values):
@@ -151,6 +168,10 @@ def main(argv=None):
     p.add_argument('--paired_metric', default='final_test_acc',
                    help='the results.json key the paired differences use (default: final_test_acc)')
     args = p.parse_args(argv)
+    if args.out:      # checked before any work
+        if os.path.isdir(args.out):
+            raise UserError(f'--out {args.out} is a folder: give a file name')
+        writable_folder(os.path.dirname(os.path.abspath(args.out)), '--out')
     train_metrics = [m for m in args.train_metrics.split(',') if m]
     rows = []
     for arg in args.runs:
@@ -162,6 +183,7 @@ def main(argv=None):
                     results.append(json.load(f))
             except (OSError, ValueError) as e:
                 raise UserError(f'cannot read {path}: {e}') from None
+            check_numbers(path, results[-1], [c[0] for c in COLUMNS] + [args.paired_metric])
             if train_metrics:
                 add_training_metrics(path, results[-1], train_metrics)
         if not results:

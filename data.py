@@ -186,13 +186,35 @@ def _cifar(cls):
 
 
 def load_image(path):
-    """ImageFolder's loader (RGB PIL image) with a one-line error for a file that is not a readable image."""
+    """ImageFolder's loader (RGB PIL image) with a one-line error for a file that is not a readable image;
+    16-bit grey images are scaled to 8 bits (:func:`to_rgb`), not clipped."""
     try:
         with open(path, 'rb') as f:
-            return Image.open(f).convert('RGB')
+            return to_rgb(Image.open(f), path)
     except (OSError, ValueError) as e:     # PIL's UnidentifiedImageError is an OSError
         raise UserError(f'cannot read image {path} ({type(e).__name__}); remove or replace that file '
                         f'(every file under the train/ and val/ class folders must be a readable image)') from None
+
+
+SIXTEEN_BIT_MODES = ('I;16', 'I;16B', 'I;16L', 'I;16N')
+
+
+def to_rgb(image, path):
+    """``image`` as 8-bit RGB. PIL's own ``convert('RGB')`` clips a 16-bit grey image (modes ``I;16*``, or ``I``
+    holding values above 255) at 255, leaving two grey levels; here it is scaled, ``round(v * 255 / 65535)``. An
+    ``I`` image within 0..255 is 8-bit data. Values outside 0..65535, or floating-point pixels (mode ``F``, no
+    known range), are a :class:`UserError` naming the file."""
+    if image.mode == 'F':
+        raise UserError(f'{path} has floating-point pixels (mode F), whose range is unknown: convert it to an 8- or '
+                        '16-bit image')
+    if image.mode in SIXTEEN_BIT_MODES or image.mode == 'I':
+        values = np.asarray(image).astype(np.int64)
+        if values.size and (values.min() < 0 or values.max() > 65535):
+            raise UserError(f'{path} has pixel values outside 0..65535 (mode {image.mode}): convert it to an 8- or '
+                            '16-bit image')
+        full = 65535 if image.mode in SIXTEEN_BIT_MODES or (values.size and values.max() > 255) else 255
+        image = Image.fromarray(np.round(values * (255 / full)).astype(np.uint8), 'L')
+    return image.convert('RGB')
 
 
 def _image_folder(data_folder, split, transform):
@@ -346,6 +368,18 @@ def num_classes(dataset):
     return len(dataset.classes)   # IndexedDataset passes it through
 
 
+def classes_to_classify(dataset):
+    """:func:`num_classes` of a training split a classifier (main_ce.py, main_linear.py) is built for: at least 2,
+    else a :class:`UserError` (a one-class classifier is right by construction: its 100 % means nothing)."""
+    n = num_classes(dataset)
+    if n < 2:
+        while isinstance(dataset, Subset):
+            dataset = dataset.dataset
+        raise UserError(f'the training split has {n} class ({", ".join(map(str, dataset.classes))}): a classifier '
+                        'needs at least 2 (contrastive pre-training without labels, --method SimCLR, takes one)')
+    return n
+
+
 def mean_std(dataset_name, mean=None, std=None):
     """The normalization: ``--mean`` / ``--std`` where given, else the dataset's."""
     default = dataset_info(dataset_name).mean_std or (None, None)
@@ -431,11 +465,22 @@ def in_memory_images(dataset):
 
 
 def split_train_val(targets, val_fraction, seed):
-    """Stratified split of indices ``0..len(targets)-1`` into (train, held-out) sorted lists."""
+    """Stratified split of indices ``0..len(targets)-1`` into (train, held-out) sorted lists: ``ceil(fraction * N)``
+    held out, stratified by class. A split that cannot hold every class on both sides (a class with one
+    image, or fewer held-out or remaining images than classes) is a :class:`UserError` naming the usable range."""
     from sklearn.model_selection import train_test_split
-    idx = np.arange(len(targets))
-    train_idx, val_idx = train_test_split(idx, test_size=val_fraction, stratify=np.asarray(targets),
-                                          random_state=seed)
+    targets = np.asarray(targets)
+    classes, counts = np.unique(targets, return_counts=True)
+    n, n_classes = len(targets), len(classes)
+    if counts.min() < 2:
+        raise UserError(f'--val_split needs 2 training images of every class (one to train on, one to hold out); '
+                        f'class {classes[counts.argmin()]} has {counts.min()}')
+    n_val = math.ceil(val_fraction * n)
+    if not n_classes <= n_val <= n - n_classes:
+        raise UserError(f'--val_split {val_fraction} holds out {n_val} of the {n} training images, but each part needs '
+                        f'one of each of the {n_classes} classes: use a value in [{n_classes / n:.4g}, '
+                        f'{(n - n_classes) / n:.4g}]')
+    train_idx, val_idx = train_test_split(np.arange(n), test_size=n_val, stratify=targets, random_state=seed % 2 ** 32)
     return np.sort(train_idx).tolist(), np.sort(val_idx).tolist()
 
 

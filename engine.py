@@ -4,7 +4,6 @@ the per-iteration loop (warm-up, autocast, scaler, meters, progress bar) and the
 import json
 import math
 import os
-import tempfile
 import time
 from collections import defaultdict
 from typing import Callable, Optional
@@ -29,7 +28,7 @@ from runtime import (
     set_seed,
 )
 from schedule import Schedule
-from util import RUN, AverageMeter, RunLogger, progress
+from util import RUN, AverageMeter, RunLogger, hold_run_folder, progress, writable_folder
 
 
 def setup(opt, run_folder=True):
@@ -82,20 +81,53 @@ def check_resume(opt):
 
 
 def prepare_run_folder(opt):
-    """Create ``opt.run_folder`` and check that files can be written there; refuse to start a new run
-    over a folder that already holds one. Interrupts then say how to continue (``util.RUN``)."""
-    folder = opt.run_folder
-    if not opt.resume and os.path.isfile(os.path.join(folder, 'last.pth')):
-        raise UserError(f'{folder} already holds a run (last.pth): continue it with --resume '
-                        f'{os.path.join(folder, "last.pth")}, or start another with a new --trial or --save_folder')
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise UserError(f'cannot write to the run folder {folder} ({e.strerror or type(e).__name__}); '
-                        f'choose another --save_folder') from None
+    """Create ``opt.run_folder``, check that files can be written there, and hold it for this run
+    (``docs/USAGE.md``, "Run folders"): rank 0 takes the folder's lock (:func:`hold_run_folder`) before it looks
+    at anything else there, so a second process started on the same folder stops with one line naming the
+    holder; a new run (no ``--resume``) is refused where the folder holds a checkpoint, or the identity
+    (``run.json``) of another experiment (a flag that changes the result differs). The folder's identity is then
+    written. Interrupts then say how to continue (``util.RUN``)."""
+    folder = writable_folder(opt.run_folder, '--save_folder (the run folder)')
+    problem = None
+    if is_main():
+        problem = hold_run_folder(folder) or run_folder_conflict(opt)
+    problem = all_gather_object(problem)[0]       # every process stops if rank 0 cannot have the folder
+    if problem:
+        raise UserError(problem)
+    if is_main():
+        with open(os.path.join(folder, RUN_IDENTITY), 'w') as f:
+            json.dump({'run_name': opt.run_name, 'config': config_dict(opt)}, f, indent=2)
     RUN['folder'] = folder
+
+
+RUN_IDENTITY = 'run.json'        # the experiment a run folder holds: its name in full and its flags
+
+
+def run_folder_conflict(opt):
+    """Why a new run (no ``--resume``) cannot start in ``opt.run_folder``, or ``None``: the folder holds a
+    checkpoint, or the records (metrics, TensorBoard, results) of another experiment, by its identity. A folder
+    that an interrupted attempt of this same experiment left before its first checkpoint is taken over (its metrics
+    start afresh), as is one whose attempt stopped before it recorded anything."""
+    folder = opt.run_folder
+    if opt.resume:
+        return None
+    if os.path.isfile(os.path.join(folder, 'last.pth')):
+        return (f'{folder} already holds a run (last.pth): continue it with --resume '
+                f'{os.path.join(folder, "last.pth")}, or start another with a new --trial or --save_folder')
+    identity = os.path.join(folder, RUN_IDENTITY)
+    records = set(os.listdir(folder)) - {'.lock', RUN_IDENTITY}
+    if not os.path.isfile(identity) or not records:      # an attempt that stopped before it recorded anything
+        return None
+    try:
+        with open(identity) as f:
+            saved = json.load(f)['config']
+    except (OSError, ValueError, KeyError, TypeError):
+        return f'{identity} is not a run identity this project wrote: choose a new --trial or --save_folder'
+    differences = resume_conflicts(saved, opt, holder='the folder')
+    if differences:
+        return (f'{folder} holds another experiment ({"; ".join(differences)}): start this one with a new --trial '
+                f'or --save_folder')
+    return None
 
 
 class ScaledBackward:

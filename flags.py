@@ -82,6 +82,17 @@ def check(condition: Any, message: str) -> None:
         raise UserError(message)
 
 
+TEMPERATURE_RANGE = (1e-4, 1e4)
+
+
+def check_temperature(flag: str, value: float) -> None:
+    """A temperature divides similarities in float32 (float16 under ``--amp fp16``): outside
+    ``TEMPERATURE_RANGE`` the quotient overflows or every weight falls on one pair. One line otherwise."""
+    low, high = TEMPERATURE_RANGE
+    check(low <= value <= high, f'{flag} must be in [{low:g}, {high:g}] (a temperature: similarities / {flag} '
+                                f'overflow outside it), got {value}')
+
+
 def call_hook(hook: Callable, opt, **context):
     """``hook(...)`` with the arguments it names: ``context``'s entries, else the option fields of those names."""
     names = inspect.signature(hook).parameters

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from data import build_dataset, build_loader, build_transform, coarse_labels, num_classes
-from flags import Feature, UserError, call_hook, check
+from flags import Feature, UserError, call_hook, check, check_temperature
 from monitors import rankme
 from runtime import Runtime
 from util import progress
@@ -127,7 +127,8 @@ def knn_monitor(opt, model):
 
 # ---------------------------------------------------------------- the monitor's flags (flags.py)
 def _check_monitor(knn_every, knn_k, knn_t, knn_shots):
-    check(knn_every >= 0 and knn_k >= 1 and knn_t > 0, '--knn_every must be >= 0, --knn_k >= 1 and --knn_t > 0')
+    check(knn_every >= 0 and knn_k >= 1, '--knn_every must be >= 0 and --knn_k >= 1')
+    check_temperature('--knn_t', knn_t)
     check(knn_shots >= 0, f'--knn_shots must be >= 0 (K labelled images per class; 0: off), got {knn_shots}')
     check(not knn_shots or knn_every, '--knn_shots is a setting of the kNN monitor: give --knn_every N too')
 

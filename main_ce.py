@@ -10,8 +10,8 @@ from data import (
     build_loader,
     build_transform,
     class_counts,
+    classes_to_classify,
     long_tail_class_counts,
-    num_classes,
     save_label_noise,
 )
 from engine import evaluate, fit, setup, train_loop, write_results
@@ -34,7 +34,8 @@ def main(argv=None):
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
     test_loader = build_loader(opt, test_set, train=False)
-    ce = CETraining(opt, num_classes(train_set), class_counts(train_set))     # model, loss and CARROT
+    n_cls = classes_to_classify(train_set)
+    ce = CETraining(opt, n_cls, class_counts(train_set))     # model, loss and CARROT
     model = ce.model
     optimizer = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     scaler = ce.runtime.grad_scaler()
@@ -50,7 +51,7 @@ def main(argv=None):
 
     def evaluate_epoch(epoch):
         model.eval()
-        return evaluate(ce.runtime, test_loader, model, 'test', num_classes(train_set), counts)
+        return evaluate(ce.runtime, test_loader, model, 'test', n_cls, counts)
 
     print(f'run folder: {opt.run_folder}')
     last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc', scaler=scaler)

@@ -17,10 +17,10 @@ from data import (
     build_dataset,
     build_loader,
     build_transform,
+    classes_to_classify,
     coarse_labels,
     dataset_info,
     long_tail_class_counts,
-    num_classes,
     save_label_noise,
     split_train_val,
 )
@@ -52,6 +52,8 @@ def few_shot(frozen, granularity, shots, draws, seed, k, t):
     train_feats, train_y = frozen(True, granularity)
     test_feats, test_y = frozen(False, granularity)
     n_cls = int(torch.cat([train_y, test_y]).max()) + 1
+    if len(torch.unique(train_y)) < 2:
+        raise UserError('the training split has 1 class: a few-shot probe needs at least 2')
     linear, knn = [], []
     for draw in progress(range(draws), f'{shots}-shot draws'):
         idx = torch.as_tensor(few_shot_indices(train_y.tolist(), shots, seed + draw), device=train_y.device)
@@ -97,7 +99,7 @@ def main(argv=None):
     # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
     train_set = build_dataset(opt, True, build_transform(opt, 'train'), opt.eval_labels)
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'), opt.eval_labels)
-    n_cls = num_classes(train_set)
+    n_cls = classes_to_classify(train_set)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
     loaders = {}

@@ -13,12 +13,13 @@ folder; it touches no device, process group or file (``engine.setup`` does). Eve
 script (``FIELD_DEFAULTS``: every flag of every script), so code reads ``opt.x`` without a fallback.
 """
 import argparse
+import hashlib
 import math
 import os
 
 from checkpoint import load_checkpoint
 from data import AUGMENT, DATASETS, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info, mean_std
-from flags import SCRIPTS, call_hook, check, dest, epoch_list, floats
+from flags import SCRIPTS, call_hook, check, check_temperature, dest, epoch_list, floats
 from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
@@ -165,7 +166,7 @@ def validate(opt, script, given):
     check(opt.weight_decay >= 0 and opt.momentum >= 0, '--weight_decay and --momentum must be >= 0')
     check(opt.lr_decay_rate > 0, f'--lr_decay_rate must be > 0, got {opt.lr_decay_rate}')
     if script in ('supcon', 'ce'):
-        check(opt.temp > 0, f'--temp must be > 0, got {opt.temp}')
+        check_temperature('--temp', opt.temp)
         check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
     if script == 'linear':
         check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
@@ -200,7 +201,24 @@ def run_name(opt, script):
         name = f'{pretrain}_{stem}_lr_{opt.learning_rate}_bsz_{opt.batch_size}_trial_{opt.trial}'
         if opt.shots:
             name = f'{pretrain}_{stem}_shots_{opt.shots}_draws_{opt.shot_draws}_seed_{opt.shot_seed}_trial_{opt.trial}'
-    return name + ''.join(call_hook(f.run_name, opt) for f in FEATURES if f.run_name is not None)
+    name += ''.join(call_hook(f.run_name, opt) for f in FEATURES if f.run_name is not None)
+    return name + (f'_seed_{opt.seed}' if opt.seed else '')
+
+
+NAME_MAX = 255     # bytes of one file name on common file systems (ext4, XFS, APFS, NTFS)
+HASH_CHARS = 12
+
+
+def fit_name(name, limit=NAME_MAX):
+    """``name`` if it fits in ``limit`` bytes; otherwise its first bytes and ``_`` and the first 12 hex digits of its
+    SHA-1 (stable: the same settings always give the same folder, and different ones differ). The full name is
+    in the folder's ``run.json`` (``engine.prepare_run_folder``)."""
+    encoded = name.encode()
+    if len(encoded) <= limit:
+        return name
+    digest = hashlib.sha1(encoded).hexdigest()[:HASH_CHARS]
+    head = encoded[:limit - HASH_CHARS - 1].decode(errors='ignore')
+    return f'{head}_{digest}'
 
 
 # How a stage-1 encoder saw its images: main_linear.py takes these (and --model) from its --ckpt
@@ -249,10 +267,11 @@ def parse_option(script, argv=None):
 
     opt.num_workers = min(opt.num_workers, os.cpu_count() or 1)
     opt.local_batch_size = opt.batch_size    # engine.setup divides it over torchrun processes
+    opt.run_name = run_name(opt, script)
     if opt.resume:
         opt.run_folder = os.path.dirname(os.path.abspath(opt.resume))
     else:
-        opt.run_folder = os.path.join(opt.save_folder, RUN_KIND[script], opt.dataset, run_name(opt, script))
+        opt.run_folder = os.path.join(opt.save_folder, RUN_KIND[script], opt.dataset, fit_name(opt.run_name))
     return opt
 
 
@@ -261,15 +280,16 @@ def parse_option(script, argv=None):
 # --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe
 # this process rather than the experiment.
 RESUME_MAY_CHANGE = {'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder', 'save_folder',
-                     'resume', 'trial', 'script', 'run_folder', 'world_size', 'rank', 'local_batch_size',
+                     'resume', 'trial', 'script', 'run_folder', 'run_name', 'world_size', 'rank', 'local_batch_size',
                      *(name for feature in FEATURES for name in feature.resume_may_change)}
 
 
-def resume_conflicts(saved_config, opt):
+def resume_conflicts(saved_config, opt, holder='the checkpoint'):
     """``['--flag: the checkpoint has A, now B', ...]`` for the experiment-defining flags where the
-    checkpoint's configuration and this command line differ (keys missing on either side are skipped)."""
+    checkpoint's (``holder``'s) configuration and this command line differ (keys missing on either side are
+    skipped)."""
     now = config_dict(opt)
-    return [f'--{key}: the checkpoint has {saved_config[key]!r}, now {now[key]!r}'
+    return [f'--{key}: {holder} has {saved_config[key]!r}, now {now[key]!r}'
             for key in sorted(set(now) & set(saved_config) - RESUME_MAY_CHANGE) if saved_config[key] != now[key]]
 
 

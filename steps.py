@@ -194,6 +194,12 @@ class CETraining:
     def __init__(self, opt, num_classes: int, class_counts=None, model: Optional[SupCEResNet] = None):
         self.runtime = runtime = call_hook(Runtime, opt)
         self.chunk_size = opt.chunk_size
+        if not opt.supcon_weight:          # one view: a batch (or chunk) of one image cannot train BatchNorm
+            per = f'each of the {opt.world_size} processes' if opt.world_size > 1 else 'each step'
+            check(opt.local_batch_size >= 2, f'--batch_size {opt.batch_size} gives {per} one image, and BatchNorm '
+                                             'cannot train on one: use at least 2 per process')
+            check(opt.chunk_size != 1, '--chunk_size 1 puts single images through BatchNorm, which cannot train on '
+                                       'one: use --chunk_size 2 or more (or 0)')
         self.carrot_weight, self.carrot_alpha_max = opt.carrot_weight, opt.carrot_alpha_max
         # --loss: plain cross-entropy, or the logits shifted by tau log(prior) (priors: class_counts, the training
         # labels after the long-tail subset and label noise)
@@ -260,13 +266,22 @@ def device_batch(runtime, views):
     return runtime.to_device(torch.cat([v.to(runtime.device, non_blocking=True) for v in views], dim=0))
 
 
+def chunk_bounds(bsz, chunk_size, n_views):
+    """``[(start, end), ...]`` of the chunks of ``bsz`` samples: ``[k N, (k+1) N)``, the last possibly smaller. With
+    one view a last chunk of one sample is merged into the one before (BatchNorm cannot train on one row)."""
+    starts = list(range(0, bsz, chunk_size))
+    if n_views == 1 and len(starts) > 1 and bsz - starts[-1] == 1:
+        starts.pop()
+    return list(zip(starts, starts[1:] + [bsz]))
+
+
 def chunk_images(runtime, views, chunk_size):
-    """The chunks of a batch: chunk ``k`` holds samples ``[k N, (k+1) N)`` with all their views, view-major
-    inside the chunk (as a torchrun process holds its part of the batch); the last may be smaller."""
+    """The chunks of a batch (:func:`chunk_bounds`): chunk ``k`` holds samples ``[k N, (k+1) N)`` with all their
+    views, view-major inside the chunk (as a torchrun process holds its part of the batch)."""
     bsz = views[0].shape[0]
     views = [v.to(runtime.device, non_blocking=True) for v in views]
-    return [runtime.to_device(torch.cat([v[start:start + chunk_size] for v in views], dim=0))
-            for start in range(0, bsz, chunk_size)]
+    return [runtime.to_device(torch.cat([v[start:end] for v in views], dim=0))
+            for start, end in chunk_bounds(bsz, chunk_size, len(views))]
 
 
 def batch_order(parts, n_views):

@@ -3,8 +3,11 @@ progress bars, meters and top-k accuracy, per-epoch logging (:class:`RunLogger`)
 RNG states live in ``runtime.py``; the learning-rate schedule and the optimizer in ``schedule.py``."""
 import csv
 import os
+import re
 import signal
+import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,24 +24,80 @@ _MAIN_PID = os.getpid()
 
 
 def _raise_interrupted(signum, frame):
-    if os.getpid() != _MAIN_PID:       # a forked DataLoader worker: terminate as by default
+    """SIGTERM and SIGINT: the first raises where the program is (:class:`Interrupted`, ``KeyboardInterrupt``) and
+    makes the process ignore the rest, so a burst of signals gives one message while the run winds down (a
+    signal raised in a finalizer or at exit would print an 'Exception ignored' traceback each)."""
+    if os.getpid() != _MAIN_PID:       # a forked DataLoader worker: as by default
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    raise Interrupted()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise Interrupted() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
-# The run folder of this process's run, set by ``engine.setup``: an interrupt says how to continue it.
-RUN = {'folder': None}
+# The run folder of this process's run, set by ``engine.setup``: an interrupt says how to continue it; the open
+# file of the folder's lock (:func:`hold_run_folder`), closed when the script ends.
+RUN = {'folder': None, 'lock': None}
 
 
-def interrupt_message():
-    """What an interrupted run prints: how to continue it (``--resume``), or that nothing was saved yet."""
+def hold_run_folder(folder):
+    """Take the exclusive lock of ``folder`` (``flock`` on ``<folder>/.lock``, released by the system when the
+    process ends, however it ends, or when :func:`run_cli` returns) and write who holds it there. Returns ``None``,
+    or, without waiting, why the folder cannot be had: its holder's pid, host, start time and command line."""
+    try:
+        import fcntl
+    except ImportError:       # no flock on this system: folders are not locked
+        return None
+    release_run_folder()       # one folder per process (and flock would refuse a second open of the same file)
+    f = open(os.path.join(folder, '.lock'), 'a+')
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or 'another process'
+        f.close()
+        return (f'{folder} is in use by {holder}: wait for it to finish, or start this run with a new --trial or '
+                f'--save_folder')
+    f.seek(0)
+    f.truncate()
+    f.write(f'pid {os.getpid()} on {socket.gethostname()} since {time.strftime("%Y-%m-%d %H:%M:%S")} '
+            f'({" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300]})\n')
+    f.flush()
+    RUN['lock'] = f
+    return None
+
+
+def release_run_folder():
+    """Give the run folder's lock back (a script run in-process, as the tests run some, outlives its run)."""
+    if RUN['lock'] is not None:
+        RUN['lock'].close()
+        RUN['lock'] = None
+
+
+def interrupt_message(what='interrupted'):
+    """What a run stopped by ``what`` prints: how to continue it (``--resume``), or that nothing was saved yet."""
     folder = RUN['folder']
     last = os.path.join(folder, 'last.pth') if folder else None
     if last and os.path.isfile(last):
-        return f'interrupted; the last complete checkpoint is intact: continue with --resume {last}'
-    return 'interrupted before the first checkpoint (written after each epoch): nothing to resume'
+        return f'{what}; the last complete checkpoint is intact: continue with --resume {last}'
+    return f'{what} before the first checkpoint (written after each epoch): nothing to resume'
+
+
+def writable_folder(folder, flag):
+    """Create ``folder`` (and its parents) and check that a file can be written there, before any work; a
+    :class:`UserError` naming ``flag`` otherwise."""
+    import tempfile
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UserError(f'cannot write to {folder} ({e.strerror or type(e).__name__}); choose another {flag}') \
+            from None
+    return folder
 
 
 def error_line(error):
@@ -54,17 +113,46 @@ def run_cli(main):
     """Run ``main()``; a :class:`UserError`, Ctrl-C or SIGTERM becomes a one-line message and a non-zero exit."""
     prog = os.path.basename(sys.argv[0])
     signal.signal(signal.SIGTERM, _raise_interrupted)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:    # not where SIGINT is ignored (nohup, &)
+        signal.signal(signal.SIGINT, _raise_interrupted)
     try:
         main()
     except UserError as e:
         print(f'{prog}: error: {error_line(e)}', file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:
-        print(f'{prog}: {interrupt_message()}', file=sys.stderr)
+        under_torchrun = isinstance(e, Interrupted) and int(os.environ.get('WORLD_SIZE', '1')) > 1
+        print(f'{prog}: ' + interrupt_message('interrupted (torchrun stops every process when one fails or when it is '
+                                              'stopped itself)' if under_torchrun else 'interrupted'), file=sys.stderr)
         sys.exit(143 if isinstance(e, Interrupted) else 130)
+    except Exception as e:
+        if not (dist.is_available() and dist.is_initialized() and peer_died(e)):
+            raise
+        detail = re.sub(r'^\[[^\]]*\]\s*', '', error_line(e)).split('. ')[0][:100]      # gloo: [file:line] text.
+        print(f'{prog}: error: ' + interrupt_message(f'another torchrun process died ({detail}; torchrun\'s report '
+                                                    f'names it)'), file=sys.stderr)
+        sys.exit(1)
     finally:
+        # the process is ending: a signal now (torchrun stopping the other processes) has nothing left to interrupt
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        release_run_folder()
         if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except Exception:      # a process group whose peer is gone may not shut down cleanly: nothing to add
+                pass
+
+
+PEER_FAILURES = ('Connection reset by peer', 'Connection closed by peer', 'Broken pipe', 'Connection refused',
+                 'communicator was aborted', 'NCCL communicator', 'Socket Timeout')
+
+
+def peer_died(error):
+    """Whether ``error``, raised by a collective under torchrun, says that another process of the group is gone
+    (gloo's and NCCL's wordings) rather than that this one failed."""
+    text = f'{type(error).__name__}: {error}'
+    return isinstance(error, RuntimeError) and any(w in text for w in PEER_FAILURES)
 
 
 def progress(iterable, desc, total=None):

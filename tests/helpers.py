@@ -38,7 +38,7 @@ def run_in_process(script, *args):
     """Run ``script`` as ``python <script> args`` would, but in this process (``runpy``, as ``__main__``), for the
     error paths that stop before training: no interpreter start, no torch import. Returns an object with
     ``returncode``, ``stdout`` and ``stderr`` like :func:`run_script`'s. The working directory, ``sys.argv``,
-    the SIGTERM handler and the global RNG states are restored afterwards; an exception that the script does
+    the SIGTERM and SIGINT handlers and the global RNG states are restored afterwards; an exception that the script does
     not turn into a one-line error propagates (the test fails, as a traceback would)."""
     import contextlib
     import io
@@ -46,7 +46,7 @@ def run_in_process(script, *args):
     import runpy
     from types import SimpleNamespace
     saved = (os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM), random.getstate(), np.random.get_state(),
-             torch.get_rng_state())
+             torch.get_rng_state(), signal.getsignal(signal.SIGINT))
     out, err, code = io.StringIO(), io.StringIO(), 0
     try:
         os.chdir(ROOT)
@@ -63,6 +63,7 @@ def run_in_process(script, *args):
         random.setstate(saved[3])
         np.random.set_state(saved[4])
         torch.set_rng_state(saved[5])
+        signal.signal(signal.SIGINT, saved[6])
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 

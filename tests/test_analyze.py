@@ -34,3 +34,26 @@ def test_analyze_writes_plots_and_summary(coarse_rascal_run, tmp_path):
         assert (tmp_path / 'a' / name).read_bytes()[:4] == b'\x89PNG'
     summary = (tmp_path / 'a' / 'summary.md').read_text()
     assert 'kappa_hat' in summary and '| fine | 10 |' in summary and '| coarse | 5 |' in summary
+
+
+@pytest.mark.slow
+def test_analyze_checks_out_first_and_skips_tsne_on_two_images(tmp_path):
+    """Issue 33, cases 13 and 14: ``--out`` that cannot be written is one line before any work (the checkpoint
+    does not even exist here); a run whose val/ has 2 images gets every part but the t-SNE map, with a line
+    saying why."""
+    from helpers import FAST, assert_one_line_error, make_image_folder, only_run_folder, run_in_process
+    assert_one_line_error(run_in_process('analyze.py', '--ckpt', tmp_path / 'none.pth', '--out', '/proc/no_such/a'),
+                          'cannot write to /proc/no_such/a', '--out')
+    data = make_image_folder(tmp_path / 'imgs', classes=('a', 'b'))
+    for c, keep in (('a', '0.png'), ('b', '0.png')):
+        for f in os.listdir(data / 'val' / c):
+            if f != keep:
+                os.remove(data / 'val' / c / f)
+    run_script('main_supcon.py', '--dataset', 'path', '--data_folder', data, '--mean', 0.5, '--std', 0.25, '--size', 12,
+               '--model', 'resnet_tiny', '--epochs', 1, *FAST, '--save_folder', tmp_path / 'pre')
+    proc = run_in_process('analyze.py', '--ckpt', os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth'),
+                          '--out', tmp_path / 'a')
+    assert proc.returncode == 0, proc.stderr
+    assert 't-SNE skipped: the test split has 2 images' in proc.stdout
+    written = set(os.listdir(tmp_path / 'a'))
+    assert {'kappa.png', 'summary.md'} <= written and 'tsne.png' not in written

@@ -65,3 +65,35 @@ def test_paired_interval_against_a_hand_computation(tmp_path, capsys):
     from flags import UserError
     with pytest.raises(UserError, match='is not one of the rows'):
         compare.main([f'base={tmp_path}/base', '--baseline', 'nope'])
+
+
+@pytest.mark.parametrize('results, words', [
+    ({'final_test_acc': None}, 'final_test_acc is null, not a number'),
+    ({'final_test_acc': '91.2'}, 'final_test_acc is "91.2", not a number'),
+    ({'final_test_acc': True}, 'final_test_acc is true'),
+    ({'final_test_acc': 90.0, 'config': {'seed': '1'}}, 'config.seed is "1", not an integer'),
+    ({'final_test_acc': 90.0, 'config': None}, 'config is null, not an object'),
+    ([90.0], 'not a results.json'),
+])
+def test_compare_refuses_what_is_not_a_number_in_one_line(tmp_path, results, words):
+    """Issue 33, case 12: null or a string where a number belongs, through the real script."""
+    from helpers import assert_one_line_error, run_in_process
+    (tmp_path / 'r').mkdir()
+    (tmp_path / 'r' / 'results.json').write_text(json.dumps(results))
+    assert_one_line_error(run_in_process('compare.py', f'X={tmp_path}/r'), words)
+
+
+@pytest.mark.parametrize('where', ['missing', 'unwritable', 'folder'])
+def test_compare_checks_out_before_the_work(tmp_path, where):
+    """Issue 33, case 13: ``--out`` into a folder that cannot be written (or that is a folder) is one line before
+    any work (the rows would fail next: no results.json), through the real script; a folder that does not exist
+    is created."""
+    from helpers import assert_one_line_error, run_in_process
+    (tmp_path / 'r').mkdir()
+    (tmp_path / 'r' / 'results.json').write_text(json.dumps({'final_test_acc': 90.0}))
+    if where == 'missing':
+        out = tmp_path / 'new' / 'deeper' / 't.md'
+        assert run_in_process('compare.py', f'X={tmp_path}/r', '--out', out).returncode == 0 and out.is_file()
+        return
+    out = '/proc/no_such/t.md' if where == 'unwritable' else tmp_path
+    assert_one_line_error(run_in_process('compare.py', f'X={tmp_path}/none', '--out', out), '--out')

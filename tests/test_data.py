@@ -127,3 +127,80 @@ def test_a_training_batch_of_one_is_dropped():
     from data import last_batch_of_one
     assert last_batch_of_one(1437, 1, 4) and not last_batch_of_one(1437, 1, 128)
     assert last_batch_of_one(9, 2, 4) and not last_batch_of_one(1, 1, 4)      # 5 per process under torchrun
+
+
+@pytest.mark.slow
+def test_one_class_and_held_out_splits_that_cannot_hold_every_class(tmp_path, tiny_ckpt):
+    """Issue 33, cases 9 and 11: a single-class ImageFolder is refused by main_ce.py, main_linear.py (also its
+    few-shot probe) and --label_noise in one line (SimCLR pre-trains on it); --val_split too small for one
+    held-out image per class, or a class with one image, is one line too (not a traceback inside scikit-learn)."""
+    from helpers import run_in_process
+    one = make_image_folder(tmp_path / 'one', classes=('only',))
+    common = ['--dataset', 'path', '--data_folder', one, '--mean', '0.5', '--std', '0.25', '--size', 12,
+              '--model', 'resnet_tiny', '--epochs', 1, *FAST]
+    assert_one_line_error(run_in_process('main_ce.py', *common, '--save_folder', tmp_path / 'ce'),
+                          'has 1 class (only)', 'at least 2')
+    assert_one_line_error(run_in_process('main_supcon.py', *common, '--label_noise', 0.2, '--save_folder',
+                                         tmp_path / 'noisy'), '--label_noise needs at least 2 classes')
+    run_script('main_supcon.py', *common, '--method', 'SimCLR', '--save_folder', tmp_path / 'pre')
+    ckpt = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    lin = [*common[:4], '--ckpt', ckpt, '--epochs', 1, *FAST, '--save_folder', tmp_path / 'lin']
+    assert_one_line_error(run_in_process('main_linear.py', *lin), 'has 1 class (only)')
+    assert_one_line_error(run_in_process('main_linear.py', *lin, '--shots', 1), 'a few-shot probe needs at least 2')
+    digits = ['--ckpt', tiny_ckpt, '--epochs', 1, *FAST, '--save_folder', tmp_path / 'val']
+    assert_one_line_error(run_in_process('main_linear.py', *digits, '--val_split', 0.001),
+                          '--val_split 0.001 holds out 2 of the', 'use a value in [')
+    three = make_image_folder(tmp_path / 'three')
+    for f in os.listdir(three / 'train' / 'b')[1:]:
+        os.remove(three / 'train' / 'b' / f)
+    lin3 = ['--dataset', 'path', '--data_folder', three, *lin[4:]]
+    assert_one_line_error(run_in_process('main_linear.py', *lin3, '--val_split', 0.5),
+                          '--val_split needs 2 training images of every class', 'class 1 has 1')
+
+
+def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
+    """Issue 33, case 7: a 16-bit grey PNG (PIL mode I;16) keeps its grey levels (``round(v * 255 / 65535)``;
+    PIL's own conversion clips them at 255: two levels); an ``I`` image within 0..255 is 8-bit data; floating-point
+    pixels (mode F) are one line naming the file."""
+    from PIL import Image
+
+    from data import load_image
+    from flags import UserError
+    values = (np.arange(144).reshape(12, 12) * 455).astype(np.uint16)
+    Image.fromarray(values).save(tmp_path / 'sixteen.png')
+    assert Image.open(tmp_path / 'sixteen.png').mode.startswith('I')
+    assert len(np.unique(np.asarray(Image.open(tmp_path / 'sixteen.png').convert('RGB')))) == 2    # PIL's clip
+    got = np.asarray(load_image(str(tmp_path / 'sixteen.png')))
+    assert got.shape == (12, 12, 3) and np.array_equal(got[..., 0], np.round(values * (255 / 65535)).astype(np.uint8))
+    eight = np.arange(144).reshape(12, 12).astype(np.int32)
+    assert np.array_equal(np.asarray(load_image_of(Image.fromarray(eight, 'I'), tmp_path))[..., 1], eight)
+    Image.fromarray(np.ones((4, 4), np.float32), 'F').save(tmp_path / 'float.tif')
+    with pytest.raises(UserError, match='float.tif has floating-point pixels'):
+        load_image(str(tmp_path / 'float.tif'))
+
+
+def load_image_of(image, tmp_path):
+    from data import to_rgb
+    return to_rgb(image, str(tmp_path / 'in_memory'))
+
+
+@pytest.mark.slow
+def test_a_sixteen_bit_image_folder_trains_and_a_float_image_is_named(tmp_path):
+    """Issue 33, case 7 through the real script: an ImageFolder of 16-bit PNGs trains; one float TIFF among them
+    stops the run with one line naming it."""
+    from PIL import Image
+
+    from helpers import run_in_process
+    rng = np.random.default_rng(0)
+    for split in ('train', 'val'):
+        for c in ('a', 'b'):
+            os.makedirs(tmp_path / 'imgs' / split / c)
+            for i in range(6):
+                Image.fromarray(rng.integers(0, 65536, (12, 12), dtype=np.uint16)).save(
+                    tmp_path / 'imgs' / split / c / f'{i}.png')
+    common = ['--dataset', 'path', '--data_folder', tmp_path / 'imgs', '--mean', 0.5, '--std', 0.25, '--size', 12,
+              '--model', 'resnet_tiny', '--epochs', 1, *FAST]
+    run_script('main_ce.py', *common, '--save_folder', tmp_path / 'ce')
+    Image.fromarray(np.ones((12, 12), np.float32), 'F').save(tmp_path / 'imgs' / 'train' / 'a' / 'float.tif')
+    assert_one_line_error(run_in_process('main_ce.py', *common, '--save_folder', tmp_path / 'ce2'),
+                          'float.tif has floating-point pixels')

@@ -271,3 +271,116 @@ def test_resuming_an_older_checkpoint_is_refused(tmp_path):
     proc = run_in_process('main_ce.py', *args, '--resume', os.path.join(run, 'ckpt_epoch_1.pth'))
     assert_one_line_error(proc, 'is at epoch 2, past --resume', 'roll the run back')
     assert _digest(os.path.join(run, 'last.pth')) == before and len(read_metrics(run)) == 2
+
+
+# ---------------------------------------------------------------- run folders: one process, one experiment, short names
+SMALL = ['--size', 8, '--epochs', 1, *FAST]
+
+
+def test_a_run_folder_is_held_by_one_process(tmp_path):
+    """Issue 33, case 1: a run folder is locked before any work; a second process on it gets one line naming the
+    holder (here a lock this test holds, as a running script does) and writes nothing there."""
+    import fcntl
+
+    from options import parse_option
+    folder = parse_option('supcon', list(map(str, [*SMALL, '--save_folder', tmp_path]))).run_folder
+    os.makedirs(folder)
+    with open(os.path.join(folder, '.lock'), 'w') as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write('pid 4242 on elsewhere since today (main_supcon.py --seed 1)\n')
+        held.flush()
+        proc = run_in_process('main_supcon.py', *SMALL, '--save_folder', tmp_path)
+    assert_one_line_error(proc, f'{folder} is in use by pid 4242 on elsewhere', '--seed 1', '--trial')
+    assert sorted(os.listdir(folder)) == ['.lock']
+
+
+def test_the_seed_names_the_run_and_a_folder_refuses_another_experiment(tmp_path):
+    """Issue 33, case 1: --seed is in the run name (not when it is the default 0, SupContrast's names); a flag
+    that is not in the name but changes the result (here --momentum) makes the folder refuse a second experiment
+    even before the first wrote a checkpoint; the same experiment takes over what an attempt without a checkpoint
+    left."""
+    from engine import RUN_IDENTITY, prepare_run_folder
+    from options import parse_option
+    from util import release_run_folder
+
+    def opt_of(*args):
+        return parse_option('supcon', list(map(str, [*SMALL, '--save_folder', tmp_path, *args])))
+    assert opt_of('--seed', 2).run_folder.endswith('trial_0_seed_2')
+    assert opt_of().run_folder.endswith('trial_0')
+    first = opt_of()
+    first.rank = 0
+    prepare_run_folder(first)          # an attempt interrupted in its first epoch: TensorBoard, no checkpoint
+    release_run_folder()
+    os.makedirs(os.path.join(first.run_folder, 'tensorboard'))
+    assert json_of(os.path.join(first.run_folder, RUN_IDENTITY))['config']['momentum'] == 0.9
+    proc = run_in_process('main_supcon.py', *SMALL, '--save_folder', tmp_path, '--momentum', 0.5)
+    assert_one_line_error(proc, 'holds another experiment', "--momentum: the folder has 0.9, now 0.5", '--trial')
+    run_script('main_supcon.py', *SMALL, '--save_folder', tmp_path)     # the same experiment: taken over
+    assert load(os.path.join(first.run_folder, 'last.pth'))['epoch'] == 1
+
+
+def json_of(path):
+    import json
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_once_on_one_folder(tmp_path):
+    """Issue 33, case 1: the same command started twice at once: one run trains, the other stops with one line
+    (the folder is in use, or, if the first finished already, holds a run); one TensorBoard file."""
+    cmd = [sys.executable, os.path.join(ROOT, 'main_supcon.py'), *map(str, [*SMALL, '--epochs', 2,
+                                                                           '--save_folder', tmp_path])]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=script_env()) for _ in range(2)]
+    done = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    assert sorted(code for code, _ in done) == [0, 2], done
+    err = next(e for code, e in done if code == 2).strip().splitlines()
+    assert len(err) == 1 and ('is in use by pid' in err[0] or 'already holds a run' in err[0]), err
+    run = only_run_folder(tmp_path)
+    assert len(os.listdir(os.path.join(run, 'tensorboard'))) == 1 and load(os.path.join(run, 'last.pth'))['epoch'] == 2
+
+
+def test_fit_name_keeps_names_within_the_file_system_limit():
+    from options import fit_name
+    assert fit_name('short') == 'short'
+    long_a, long_b = 'a' * 300, 'a' * 299 + 'b'
+    assert len(fit_name(long_a).encode()) == 255 and fit_name(long_a) == fit_name('a' * 300)
+    assert fit_name(long_a) != fit_name(long_b) and fit_name(long_a).startswith('a' * 200)
+    assert len(fit_name('é' * 200).encode()) <= 255         # never half a character
+
+
+@pytest.mark.slow
+def test_a_long_trial_fits_at_both_stages(tmp_path):
+    """Issue 33, case 16: a --trial that makes a 300-byte run name: stage 1's folder name is shortened with a hash
+    (the full name in run.json), and stage 2, whose name adds to stage 1's, runs too."""
+    trial = 't' * 240
+    run_script('main_supcon.py', *SMALL, '--trial', trial, '--save_folder', tmp_path / 'pre')
+    pre = only_run_folder(tmp_path / 'pre')
+    assert len(os.path.basename(pre)) == 255 and json_of(os.path.join(pre, 'run.json'))['run_name'].endswith(trial)
+    run_script('main_linear.py', '--ckpt', os.path.join(pre, 'last.pth'), '--epochs', 1, *FAST,
+               '--save_folder', tmp_path / 'lin')
+    assert len(os.path.basename(only_run_folder(tmp_path / 'lin'))) == 255
+
+
+@pytest.mark.slow
+def test_a_burst_of_sigterms_gives_one_line(tmp_path):
+    """Issue 33 (also seen): many SIGTERMs in a row (a cluster's scheduler, a shell loop) while the run winds down
+    and writes: one line on stderr, however many signals, and the checkpoint intact."""
+    args = ['--epochs', 50, *FAST, '--save_folder', tmp_path]
+    cmd = [sys.executable, os.path.join(ROOT, 'main_ce.py'), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env())
+    deadline, last = time.time() + 300, None
+    while time.time() < deadline and proc.poll() is None and last is None:
+        last = next((os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path) if 'last.pth' in fs), None)
+        time.sleep(0.02)
+    for _ in range(200):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.002)
+    _, err = proc.communicate(timeout=120)
+    assert last is not None and proc.returncode == 143, err
+    assert err.strip().splitlines() == [f'main_ce.py: interrupted; the last complete checkpoint is intact: '
+                                        f'continue with --resume {last}'], err
+    assert load(last)['epoch'] >= 1

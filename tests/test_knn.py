@@ -71,3 +71,23 @@ def test_knn_memory_is_bounded_and_small_temperatures_do_not_overflow():
     for t in (0.1, 0.01, 0.001):
         pred = knn_predict(bank, labels, F.normalize(query, dim=1), 5, k=3, t=t)
         assert torch.equal(pred, labels[:10]), t
+
+
+@pytest.mark.slow
+def test_the_monitor_neither_overflows_nor_moves_the_run(tmp_path):
+    """Issue 33, cases 3 and 4, through the real script: with ``--knn_t 0.01`` (exp(s / t) overflows float32)
+    the monitor reports an accuracy, not NaN votes; and two epochs with the monitor give the weights of two epochs
+    without it (its loaders draw from no RNG the run uses)."""
+    from helpers import assert_one_line_error, load, run_in_process
+    args = ['--size', 8, '--epochs', 2, *FAST]
+    run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'plain')
+    run_script('main_supcon.py', *args, '--knn_every', 1, '--knn_t', 0.01, '--save_folder', tmp_path / 'knn')
+    plain, knn = only_run_folder(tmp_path / 'plain'), only_run_folder(tmp_path / 'knn')
+    accs = [float(r['knn/acc']) for r in read_metrics(knn)]
+    assert len(accs) == 2 and all(20 < a <= 100 for a in accs), accs
+    a, b = load(os.path.join(plain, 'last.pth'))['model'], load(os.path.join(knn, 'last.pth'))['model']
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for value in ('1e-5', '1e5'):
+        assert_one_line_error(run_in_process('main_supcon.py', '--knn_every', 1, '--knn_t', value),
+                              '--knn_t must be in [0.0001, 10000]')
+    assert_one_line_error(run_in_process('main_supcon.py', '--temp', '1e-50'), '--temp must be in')

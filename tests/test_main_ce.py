@@ -86,3 +86,22 @@ def test_batch_of_one_never_reaches_batchnorm(tmp_path):
                           '--device', 'cpu', '--save_folder', tmp_path / 'runs')
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert os.path.isfile(os.path.join(only_run_folder(tmp_path / 'runs'), 'last.pth'))
+
+
+def test_no_chunk_or_batch_of_one_image_reaches_batchnorm(tmp_path):
+    """Issue 33, case 10, its other instances: --batch_size 1 (or one image per torchrun process) and --chunk_size 1
+    with single-view cross-entropy are one line; a batch of 5 in chunks of 4 would end in a chunk of one image:
+    that chunk is merged into the one before, and the run trains."""
+    from helpers import assert_one_line_error, make_image_folder
+    from steps import chunk_bounds
+    assert chunk_bounds(5, 4, 1) == [(0, 5)] and chunk_bounds(9, 4, 1) == [(0, 4), (4, 9)]
+    assert chunk_bounds(5, 4, 2) == [(0, 4), (4, 5)] and chunk_bounds(1, 4, 1) == [(0, 1)]
+    make_image_folder(tmp_path / 'data', per_class=5)
+    common = ['--dataset', 'path', '--data_folder', tmp_path / 'data', '--mean', 0.5, '--std', 0.25, '--size', 8,
+              '--epochs', 1, '--num_workers', 0, '--device', 'cpu', '--save_folder', tmp_path / 'runs']
+    assert_one_line_error(run_in_process('main_ce.py', *common, '--batch_size', 1),
+                          '--batch_size 1 gives each step one image', 'at least 2')
+    assert_one_line_error(run_in_process('main_ce.py', *common, '--batch_size', 4, '--chunk_size', 1),
+                          '--chunk_size 1 puts single images through BatchNorm')
+    proc = run_in_process('main_ce.py', *common, '--batch_size', 5, '--chunk_size', 4)
+    assert proc.returncode == 0, proc.stderr[-2000:]
