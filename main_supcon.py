@@ -7,7 +7,7 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
 """
 from collections import defaultdict
 
-from data import TwoCropTransform, build_dataset, build_loader, build_transform, save_label_noise
+from data import TwoCropTransform, build_dataset, build_loader, build_transform, class_counts, save_label_noise
 from datasets_indexed import IndexedDataset
 from engine import fit, setup, train_loop
 from flags import call_hook
@@ -26,8 +26,8 @@ def main(argv=None):
         train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=2)
     save_label_noise(opt.run_folder, train_set)
-    pre = Pretraining(opt, len(train_set))        # model, loss, CARROT, queue, key encoder
-    optimizer = set_optimizer(pre.model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    pre = Pretraining(opt, len(train_set), class_counts=class_counts(train_set))   # model, loss, CARROT, queue, ...
+    optimizer = set_optimizer(pre.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     scaler = pre.runtime.grad_scaler()
     schedule = call_hook(Schedule, opt)
     hists = defaultdict(lambda: 0)     # the loss's histogram counts, summed over the epoch

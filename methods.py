@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from flags import UserError, call_hook, check
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_field import EpsSupInfoNCELoss, KCLLoss, SINCERELoss, SpreadLoss, SupDCLLoss
+from losses_proto import BCLLoss
 from losses_rascal import WEIGHTINGS, RASCALLoss
 
 
@@ -29,7 +30,8 @@ class Method:
     Attributes:
         name: the ``--method`` value.
         build: a hook (``flags.call_hook``: its parameters name the option fields it reads, and
-            ``num_samples``, the training set's size) that returns the :class:`losses.Loss`. The loss is called
+            ``num_samples``, the training set's size; ``class_counts`` and ``enc_dim``, see
+            ``uses_encoder_features``) that returns the :class:`losses.Loss`. The loss is called
             as ``loss(features, labels)``
             or, with ``uses_ids``, ``loss(features, labels, ids)``: ``features`` ``[B, V, D]`` unit
             projections, ``labels`` ``[B]`` (``None`` without ``uses_labels``), ``ids`` ``[B]`` dataset
@@ -38,6 +40,11 @@ class Method:
         uses_labels: the loss takes class labels (SimCLR does not; ``--carrot`` needs them).
         uses_ids: the loss takes dataset indices (the training set is wrapped in ``IndexedDataset``).
         takes_queue: the loss takes ``queue=`` (a :class:`memory_queue.QueueView`): ``--queue_size`` works.
+        uses_encoder_features: the loss also takes ``h_enc=``, the encoder features ``[V*B, E]`` of the same rows
+            (view-major; the global batch under torchrun), e.g. for a classifier of its own. A loss with
+            parameters (a classifier, prototypes) needs nothing more: ``steps.Pretraining`` optimizes every
+            parameter of the loss with the model's and its ``state_dict`` travels in checkpoints. Its ``build``
+            hook may also name ``class_counts`` (training samples per class, ``[C]``) and ``enc_dim``.
         flags: the method's own flags, ``{'--flag': argparse keywords}``. Their ``default`` applies
             when the method is chosen; given with another method, such a flag is a one-line error.
             Methods may share a flag (same keywords).
@@ -53,6 +60,7 @@ class Method:
     uses_labels: bool = True
     uses_ids: bool = False
     takes_queue: bool = False
+    uses_encoder_features: bool = False
     flags: dict[str, dict[str, Any]] = field(default_factory=dict)
     check: Optional[Callable[..., Optional[dict]]] = None
     run_name: Optional[Callable[..., tuple[str, str]]] = None
@@ -190,3 +198,23 @@ register(Method('Spread', lambda spread_alpha, temp: SpreadLoss(spread_alpha, te
                 check=lambda spread_alpha: check(0 <= spread_alpha <= 1,
                                                  f'--spread_alpha must be in [0, 1], got {spread_alpha}'),
                 run_name=lambda spread_alpha, temp: (f'Spread_alpha_{spread_alpha}', f'temp_{temp}')))
+
+
+# ---------------------------------------------------------------- with parameters of their own (docs/FIELD.md, "BCL")
+def _check_bcl(bcl_ce_weight, bcl_weight):
+    check(bcl_ce_weight >= 0 and bcl_weight >= 0 and bcl_ce_weight + bcl_weight > 0,
+          f'--bcl_ce_weight and --bcl_weight must be >= 0 and not both 0, got {bcl_ce_weight} and {bcl_weight}')
+
+
+register(Method('BCL', lambda class_counts, enc_dim, feat_dim, temp, bcl_ce_weight, bcl_weight: BCLLoss(
+                    class_counts, enc_dim, feat_dim, temperature=temp, ce_weight=bcl_ce_weight, bcl_weight=bcl_weight),
+                uses_encoder_features=True, stats_prefix='bcl/',
+                help='balanced contrastive learning (Zhu et al. 2022): logit-adjusted CE on a classifier of its own + '
+                     'class-averaged SupCon with one prototype per class',
+                flags={'--bcl_ce_weight': dict(type=float, default=2.0,
+                                               help='BCL: weight of the logit-adjusted cross-entropy (default 2.0)'),
+                       '--bcl_weight': dict(type=float, default=0.6,
+                                            help='BCL: weight of the balanced contrastive term (default 0.6)')},
+                check=_check_bcl,
+                run_name=lambda bcl_ce_weight, bcl_weight, temp: (f'BCL_ce_{bcl_ce_weight}_bcl_{bcl_weight}',
+                                                                  f'temp_{temp}')))

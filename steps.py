@@ -34,12 +34,12 @@ from distributed import (
     wrap_model,
 )
 from flags import Feature, UserError, call_hook, check
-from losses import LogitAdjustedLoss, SupConLoss, cross_entropy
+from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss
 from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from methods import METHODS, Method, get_method
 from monitors import collapse_statistics
-from networks import SupCEResNet, SupConResNet
+from networks import MODELS, SupCEResNet, SupConResNet
 from runtime import Runtime
 from util import accuracy
 
@@ -67,10 +67,12 @@ class Pretraining:
     the memory ``queue`` and the momentum ``key_encoder`` (``--queue_size``, ``--moco_m``; docs/QUEUE.md).
     ``checkpointed()`` names the objects whose state travels in checkpoints besides the model.
 
-    ``num_samples``: the training set's size (RASCAL's cache). ``model``: an unprepared ``SupConResNet``
-    to use instead of a new one (tests put dropout into it)."""
+    ``num_samples``: the training set's size (RASCAL's cache); ``class_counts``: training samples per class (a loss
+    with a classifier of its own: BCL's priors). ``model``: an unprepared ``SupConResNet`` to use instead of a new
+    one (tests put dropout into it). :meth:`parameters` are what the optimizer trains: the model's and the
+    loss's own (a classifier, prototypes)."""
 
-    def __init__(self, opt, num_samples: int, model: Optional[SupConResNet] = None):
+    def __init__(self, opt, num_samples: int, model: Optional[SupConResNet] = None, class_counts=None):
         self.runtime = runtime = call_hook(Runtime, opt)
         self.method: Method = get_method(opt.method)
         self.chunk_size, self.shuffle_bn_splits = opt.chunk_size, opt.shuffle_bn_splits
@@ -83,9 +85,14 @@ class Pretraining:
         # stay its own (shuffled BatchNorm, docs/QUEUE.md)
         self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
-        self.criterion = call_hook(self.method.build, opt, num_samples=num_samples).to(runtime.device)
+        self.criterion = call_hook(self.method.build, opt, num_samples=num_samples, class_counts=class_counts,
+                                   enc_dim=MODELS[opt.model][1]).to(runtime.device)
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The model's parameters, then the loss's own (none for most methods)."""
+        return list(self.model.parameters()) + list(self.criterion.parameters())
 
     def checkpointed(self) -> dict[str, torch.nn.Module]:
         """``{key: module}`` of the state saved next to the model: the loss's own state (RASCAL's cache),
@@ -144,14 +151,20 @@ class Pretraining:
         args = (features, self._global_labels(labels))
         if method.uses_ids:
             args += (gather_labels(ids, self.runtime.device),)
-        loss = self.criterion(*args, queue=self.queue.view()) if self.queue is not None else self.criterion(*args)
+        kwargs = {'queue': self.queue.view()} if self.queue is not None else {}
+        if method.uses_encoder_features:       # the global batch's rows, view-major as the features
+            per_sample = torch.stack(torch.split(h_enc, bsz, dim=0), dim=1)      # [bsz, n_views, E]
+            kwargs['h_enc'] = flatten_views(gather_with_grad(per_sample))[0]
+        loss = self.criterion(*args, **kwargs)
         stats = {f'{method.stats_prefix}{k}': v for k, v in self.criterion.last_stats.items()}
         # collapse monitors of the global batch (the projections are gathered already)
         stats.update(collapse_statistics(gather(h_enc.detach()), 'enc'),
                      **collapse_statistics(features.detach().reshape(-1, features.shape[-1]), 'proj'))
         if self.carrot is not None:
             # rows of h are view-major like the images, so labels are repeated (not interleaved)
-            h, params = (h_enc, self.model.head.parameters()) if self.carrot_on == 'encoder' else (h_proj, ())
+            # the parameters between h and the loss: the head's, and the loss's own (a classifier on h_enc)
+            h, params = ((h_enc, [*self.model.head.parameters(), *self.criterion.parameters()])
+                         if self.carrot_on == 'encoder' else (h_proj, ()))
             loss, carrot_stats = carrot_term(self.carrot, loss, h, labels.repeat(n_views), params, scale,
                                              self.carrot_weight, self.carrot_alpha_max)
             stats.update(carrot_stats)

@@ -170,7 +170,7 @@ def step_batch(seed=0):
 def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='cpu'):
     """``steps.Pretraining`` (or ``steps.CETraining`` with ``ce``) as the scripts build it from ``argv``, with
     a ``resnet_tiny`` seeded by 0, batch ``STEP_BSZ``, ``--chunk_size chunk``, on ``device``, 200 dataset ids,
-    3 classes (CE: 5, 1 and 10 training samples, for ``--loss``'s priors; with ``--supcon_weight``, two views).
+    3 classes (5, 1 and 10 training samples, for ``--loss``'s and BCL's priors; with ``--supcon_weight``, two views).
     ``train``: BatchNorm in train mode (else eval: per-sample, so the loss is the only coupling
     of samples); ``dropout``: a dropout layer after the encoder (a forward that draws random numbers)."""
     import torch.nn as nn
@@ -186,7 +186,8 @@ def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='
            else SupConResNet('resnet_tiny'))
     if dropout:
         net.encoder = nn.Sequential(net.encoder, nn.Dropout(0.5))
-    training = CETraining(opt, 3, [5, 1, 10], model=net) if ce else Pretraining(opt, 200, model=net)
+    training = (CETraining(opt, 3, [5, 1, 10], model=net) if ce
+                else Pretraining(opt, 200, model=net, class_counts=[5, 1, 10]))
     training.model.train(train)
     if getattr(training, 'key_encoder', None) is not None:
         training.key_encoder.eval()
@@ -195,14 +196,19 @@ def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='
 
 def take_steps(training, views, labels, ids, seed=None):
     """The step under test (after a first step that warms RASCAL's cache): zeroed gradients, ``seed`` for the
-    global RNG before each step when given. Returns ``(loss, statistics, {parameter: gradient})``."""
+    global RNG before each step when given. Returns ``(loss, statistics, {parameter: gradient})``, the loss's own
+    parameters included (``criterion.<name>``)."""
     warm = 2 if getattr(training, 'method', None) is not None and training.method.uses_ids else 1
+    params = dict(training.model.named_parameters())
+    if isinstance(getattr(training, 'criterion', None), torch.nn.Module):     # a loss's own (BCL's classifier)
+        params.update({f'criterion.{n}': p for n, p in training.criterion.named_parameters()})
     for _ in range(warm):
         if seed is not None:
             torch.manual_seed(seed)
-        training.model.zero_grad()
+        for p in params.values():
+            p.grad = None
         if hasattr(training, 'method'):
             loss, stats = training.step(views, labels, ids)
         else:
             loss, stats = training.step(views if training.supcon is not None else views[0], labels)
-    return loss, stats, {n: p.grad.clone() for n, p in training.model.named_parameters()}
+    return loss, stats, {n: p.grad.clone() for n, p in params.items() if p.grad is not None}

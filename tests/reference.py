@@ -10,7 +10,7 @@ paper, with no vectorization to share bugs with the code under test; and one val
   (docs/CARROT.md).
 - :func:`kcl`, :func:`sincere` (with a margin: epsilon-SupInfoNCE), :func:`supdcl`, :func:`spread`: the published
   variants of docs/FIELD.md.
-- :func:`logit_adjusted`: logit-adjusted cross-entropy and balanced softmax.
+- :func:`logit_adjusted`: logit-adjusted cross-entropy and balanced softmax; :func:`bcl`: BCL's contrastive term.
 - :func:`assert_value_and_grad_close`: a loss against its oracle, in value and gradient.
 """
 import math
@@ -298,3 +298,22 @@ def logit_adjusted(logits, labels, class_counts, tau):
         shifted = [row[c] + tau * math.log(prior[c]) for c in range(len(prior))]
         total = total + torch.logsumexp(torch.stack(shifted), 0) - shifted[int(y)]
     return total / logits.shape[0]
+
+
+def bcl(features, labels, prototypes, temperature):
+    """BCL's balanced contrastive term: anchor ``i`` (a batch row) against every other row and every prototype
+    (``prototypes[c]`` has label ``c``); the denominator averages each class's terms (divided by that class's count
+    among them), positives are the others of ``i``'s label (prototype included); mean over positives, then rows."""
+    rows, n_rows = _field_rows(features, labels)
+    columns = rows + [(prototypes[c], c, None) for c in range(prototypes.shape[0])]
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, _ = rows[i]
+        others = [j for j in range(len(columns)) if j != i]
+        count = {}
+        for j in others:
+            count[columns[j][1]] = count.get(columns[j][1], 0) + 1
+        denominator = sum(torch.exp(zi @ columns[j][0] / temperature) / count[columns[j][1]] for j in others)
+        P = [j for j in others if columns[j][1] == yi]
+        total = total + sum(torch.log(denominator) - zi @ columns[p][0] / temperature for p in P) / len(P)
+    return total / n_rows

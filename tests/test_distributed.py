@@ -42,6 +42,7 @@ CASES = {
     'EpsSupInfoNCE+CARROT': ['--method', 'EpsSupInfoNCE', '--carrot'],
     'SupDCL': ['--method', 'SupDCL'],
     'Spread-queue': ['--method', 'Spread', '--queue_size', '64', '--moco_m', '0'],
+    'BCL+CARROT': ['--method', 'BCL', '--carrot'],
 }
 
 

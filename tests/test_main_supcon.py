@@ -145,6 +145,7 @@ FIELD = {   # method -> flags: each with one of the features its definition allo
     'EpsSupInfoNCE': ['--eps_margin', 0.2, '--carrot'],
     'SupDCL': ['--carrot', '--carrot_on', 'head'],
     'Spread': ['--spread_alpha', 0.3, '--queue_size', 256],
+    'BCL': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--chunk_size', 40, '--carrot'],   # parameters of its own
 }
 
 
@@ -170,8 +171,13 @@ def test_field_method_trains_resumes_exactly_and_evaluates(method, tmp_path):
     want, got = load(os.path.join(run, 'last.pth')), load(copy / 'last.pth')
     assert got['epoch'] == 2
     assert all(torch.equal(got['model'][k], v) for k, v in want['model'].items())
+    for part, state in want['extra'].items():      # the loss's own state: BCL's classifier, KCL's draw count
+        assert all(torch.equal(got['extra'][part][k], v) if torch.is_tensor(v) else got['extra'][part][k] == v
+                   for k, v in state.items()), part
     if method == 'KCL':
         assert got['extra']['criterion']['_extra_state'] == want['extra']['criterion']['_extra_state'] == {'calls': 12}
+    if method == 'BCL':      # its classifier is trained, saved and resumed
+        assert 'classifier.weight' in want['extra']['criterion'] and 'train/bcl/ce' in rows[0]
     out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--size', 8,
                      '--save_folder', tmp_path / 'lin', *FAST)
     assert out.stdout.strip().splitlines()[-1].startswith('final test top-1: ')
@@ -182,7 +188,9 @@ def test_field_method_errors():
                         (['--method', 'KCL', '--kcl_k', -1], '--kcl_k must be >= 0'),
                         (['--method', 'EpsSupInfoNCE', '--eps_margin', -0.1], '--eps_margin must be >= 0'),
                         (['--method', 'Spread', '--spread_alpha', 2], '--spread_alpha must be in [0, 1]'),
-                        (['--method', 'SupCon', '--kcl_k', 2], '--kcl_k needs --method KCL')]:
+                        (['--method', 'SupCon', '--kcl_k', 2], '--kcl_k needs --method KCL'),
+                        (['--method', 'BCL', '--bcl_weight', -1], '--bcl_ce_weight and --bcl_weight must be >= 0'),
+                        (['--method', 'BCL', '--queue_size', 64], '--queue_size is not defined for --method BCL')]:
         assert_one_line_error(run_in_process('main_supcon.py', *args), words)
 
 

@@ -23,6 +23,8 @@ CASES = {
     'EpsSupInfoNCE+CARROT': ['--method', 'EpsSupInfoNCE', '--carrot', '--carrot_alpha_max', 'inf'],
     'SupDCL': ['--method', 'SupDCL'],
     'Spread': ['--method', 'Spread'],
+    'BCL': ['--method', 'BCL'],
+    'BCL+CARROT': ['--method', 'BCL', '--carrot', '--carrot_alpha_max', 'inf'],
 }
 
 

@@ -27,6 +27,7 @@ MODES = {
     'EpsSupInfoNCE + CARROT': ['--method', 'EpsSupInfoNCE', '--carrot'],
     'SupDCL queue': ['--method', 'SupDCL', '--queue_size', '64'],
     'Spread queue': ['--method', 'Spread', '--queue_size', '64'],
+    'BCL + CARROT': ['--method', 'BCL', '--carrot'],
 }
 
 

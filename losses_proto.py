@@ -1,0 +1,99 @@
+"""The published SupCon variants with parameters of their own: class prototypes and a classifier inside the loss
+(definitions in our words: docs/FIELD.md, "BCL"). Today: BCL.
+
+Such a loss is an ``nn.Module`` with parameters; the methods registry says that it reads the encoder's features
+(``Method.uses_encoder_features``), and ``steps.Pretraining`` optimizes its parameters with the model's, saves them
+in checkpoints (its ``state_dict``) and passes it the global batch's encoder features. Its gradient is exact under
+``--chunk_size`` (gradient caching calls the loss once, on the whole batch's features) and equal on every torchrun
+process (the loss sees the gathered batch, so no gradient of its own needs averaging).
+"""
+import math
+
+import torch
+import torch.nn as nn
+
+from losses import LogitAdjustedLoss, Loss, flatten_views, upcast
+
+
+def bcl_loss(features, labels, prototypes, temperature=0.1):
+    """The balanced contrastive term of BCL (Zhu et al., CVPR 2022), docs/FIELD.md, "BCL"::
+
+        rows i = 1..M (M = V*B unit projections, view-major) and C unit prototypes p_c (columns only);
+        A(i): every row and prototype but i;  n_c(i): the members of class c in A(i);
+        L = mean_i -1/|P(i)| sum_{k in P(i)} [ s_ik - log sum_c 1/n_c(i) sum_{a in A(i), y_a = c} exp(s_ia) ]
+        s_ia = z_i.a / tau
+
+    with ``P(i)`` the members of ``i``'s class in ``A(i)`` (its other views, same-class rows and its prototype:
+    never empty). Class-averaging: each class's terms of the denominator are averaged, so a head class
+    weighs as much as a tail class; class-complement: every class is in every batch through its prototype.
+
+    Shapes: ``features`` ``[B, V, D]`` unit rows, ``labels`` ``[B]`` in ``[0, C)``, ``prototypes`` ``[C, D]`` unit
+    rows. Output: scalar (float32, float64 for float64 input). The positive sums come from per-class sums and
+    the denominator is one logsumexp over ``[M, M + C]`` with a per-column log weight; no host synchronization.
+    """
+    z, bsz, n_views = flatten_views(features)
+    z = upcast(z)
+    protos = prototypes.to(z.dtype)
+    n_classes = protos.shape[0]
+    rows = labels.reshape(-1).to(z.device, non_blocking=True).repeat(n_views)           # [M]
+    columns = torch.cat([rows, torch.arange(n_classes, device=z.device)])             # [M + C]
+    counts = torch.zeros(n_classes, dtype=z.dtype, device=z.device).scatter_add_(
+        0, columns, torch.ones_like(columns, dtype=z.dtype))                          # views + 1 prototype per class
+    contrast = torch.cat([z, protos])
+    logits = z @ contrast.T / temperature                                             # [M, M + C]
+    same = rows[:, None] == columns[None, :]
+    # n_{y_a}(i): the column's class count, without i itself where the column is of i's class
+    log_weight = torch.log(counts[columns][None, :] - same.to(z.dtype))
+    self_column = torch.eye(rows.shape[0], columns.shape[0], dtype=torch.bool, device=z.device)    # i itself
+    weighted = (logits - log_weight).masked_fill_(self_column, -math.inf)
+    log_denominator = torch.logsumexp(weighted, dim=1)                                # [M]
+    class_sums = torch.zeros(n_classes, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, rows, z) + protos
+    positive_dots = (z * (class_sums[rows] - z)).sum(1) / temperature                 # sum over P(i) of z_i.a / tau
+    n_positive = counts[rows] - 1
+    return (log_denominator - positive_dots / n_positive).mean()
+
+
+class BCLLoss(Loss):
+    """BCL (Zhu et al., CVPR 2022, "Balanced Contrastive Learning for Long-Tailed Visual Recognition";
+    docs/FIELD.md, "BCL"): a linear classifier on the encoder features trained with logit-adjusted cross-entropy
+    (the training labels' priors) on both views, plus the balanced contrastive term :func:`bcl_loss` over the
+    projections and one prototype per class, ``p_c = normalize(g(w_c))``, where ``w_c`` is the classifier's row of
+    class ``c`` and ``g`` a two-layer MLP (Linear, ReLU, Linear) onto the projection space::
+
+        L = ce_weight * LA-CE(W h, y) + bcl_weight * L_BCL(z, y, p)
+
+    Args:
+        class_counts: training samples per class ``[C]`` (the logit adjustment's priors; ``C`` classes).
+        enc_dim: the encoder's feature dimension; ``feat_dim``: the projections'.
+        temperature: ``tau`` of :func:`bcl_loss`.
+        ce_weight, bcl_weight: the weights of the two terms (``--bcl_ce_weight``, ``--bcl_weight``).
+
+    ``forward(features [B, V, D], labels [B], h_enc=[V*B, E])``: ``h_enc`` the encoder features of the same rows
+    (view-major). Statistics: ``bcl/ce`` and ``bcl/contrastive``.
+    """
+
+    def __init__(self, class_counts, enc_dim, feat_dim, temperature=0.1, ce_weight=2.0, bcl_weight=0.6):
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f'temperature must be > 0, got {temperature}')
+        if not (ce_weight >= 0 and bcl_weight >= 0):
+            raise ValueError(f'the weights must be >= 0, got {ce_weight} and {bcl_weight}')
+        self.temperature, self.ce_weight, self.bcl_weight = temperature, ce_weight, bcl_weight
+        self.classifier = nn.Linear(enc_dim, len(class_counts))
+        self.prototype_head = nn.Sequential(nn.Linear(enc_dim, enc_dim), nn.ReLU(inplace=True),
+                                            nn.Linear(enc_dim, feat_dim))
+        self.adjusted_ce = LogitAdjustedLoss(class_counts, tau=1.0)
+
+    def prototypes(self):
+        """``[C, D]`` unit prototypes from the classifier's rows."""
+        return nn.functional.normalize(self.prototype_head(self.classifier.weight), dim=1)
+
+    def forward(self, features, labels, h_enc=None):
+        if labels is None or h_enc is None:
+            raise ValueError('BCL needs labels and the encoder features (h_enc=)')
+        n_views = features.shape[1]
+        logits = self.classifier(h_enc.to(self.classifier.weight.dtype))
+        ce = self.adjusted_ce(logits, labels.reshape(-1).to(logits.device, non_blocking=True).repeat(n_views))
+        contrastive = bcl_loss(features, labels, self.prototypes(), self.temperature)
+        self.last_stats = {'ce': ce.detach(), 'contrastive': contrastive.detach()}
+        return self.ce_weight * ce + self.bcl_weight * contrastive

@@ -1,0 +1,78 @@
+"""losses_proto.py (BCL) against the per-row loop of tests/reference.py (values and gradients, float64, for the
+features and the prototypes), on random batches and on hand-built edge cases; the whole BCLLoss against its parts."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import reference
+from helpers import unit
+from losses_proto import BCLLoss, bcl_loss
+
+TAU = 0.5
+N_CLASSES = 5
+# (B, V, labels): random; one class; a class with a single sample; classes absent from the batch; B = 1; one view
+CASES = {
+    'random': (10, 2, None),
+    'three views': (6, 3, None),
+    'one class': (6, 2, [3] * 6),
+    'singleton class': (5, 2, [0, 0, 1, 2, 2]),
+    'absent classes': (4, 2, [0, 0, 4, 4]),
+    'B = 1': (1, 2, [2]),
+    'B = 1, one view': (1, 1, [0]),
+    'one view, singletons': (4, 1, [0, 1, 1, 2]),
+}
+
+
+def case(name, seed=0, d=6):
+    bsz, n_views, labels = CASES[name]
+    feats = unit(bsz, n_views, d, seed=seed)
+    if labels is None:
+        labels = torch.randint(0, N_CLASSES, (bsz,), generator=torch.Generator().manual_seed(seed))
+    return feats, torch.as_tensor(labels), unit(N_CLASSES, d, seed=seed + 1)
+
+
+@pytest.mark.parametrize('name', list(CASES))
+def test_bcl_term_matches_the_loop(name):
+    feats, labels, protos = case(name)
+    reference.assert_value_and_grad_close(lambda f: bcl_loss(f, labels, protos, TAU),
+                                          lambda f: reference.bcl(f, labels, protos, TAU), feats)
+    reference.assert_value_and_grad_close(lambda p: bcl_loss(feats, labels, p, TAU),
+                                          lambda p: reference.bcl(feats, labels, p, TAU), protos)
+
+
+def test_bcl_term_by_hand_and_its_power():
+    """One sample of class 0 (two views) and prototypes of classes 0 and 1: anchor i's others are its other view
+    (class 0), p_0 (class 0) and p_1 (class 1): the denominator is (e^{s_v} + e^{s_0}) / 2 + e^{s_1}. And the loss
+    is not SupCon's with the prototypes as rows (class-averaging changes it)."""
+    feats, protos = unit(1, 2, 4, seed=3), unit(2, 4, seed=4)
+    labels = torch.tensor([0])
+    z = [feats[0, 0], feats[0, 1]]
+    want = 0.0
+    for i in range(2):
+        s_v, s_0, s_1 = (z[i] @ z[1 - i]) / TAU, (z[i] @ protos[0]) / TAU, (z[i] @ protos[1]) / TAU
+        log_den = torch.log((torch.exp(s_v) + torch.exp(s_0)) / 2 + torch.exp(s_1))
+        want = want + ((log_den - s_v) + (log_den - s_0)) / 2 / 2
+    torch.testing.assert_close(bcl_loss(feats, labels, protos, TAU), want)
+    unaveraged = reference.contrastive(torch.cat([feats, protos[:, None].expand(2, 2, 4)]), torch.tensor([0, 0, 1]),
+                                       temperature=TAU, base_temperature=TAU)
+    assert not torch.isclose(bcl_loss(feats, labels, protos, TAU), unaveraged)
+
+
+def test_bcl_loss_is_weighted_logit_adjusted_ce_plus_the_term_and_trains_its_parameters():
+    """BCLLoss = ce_weight * LA-CE(W h) on every view + bcl_weight * the term over normalize(g(W)); its classifier
+    and prototype head get gradients (they are what the optimizer adds to the model's)."""
+    torch.manual_seed(0)
+    counts = [40, 20, 10, 5, 1]
+    loss = BCLLoss(counts, enc_dim=8, feat_dim=6, temperature=TAU, ce_weight=2.0, bcl_weight=0.6).double()
+    feats, labels, _ = case('random')
+    h = torch.randn(2 * 10, 8, dtype=torch.float64)
+    got = loss(feats, labels, h_enc=h)
+    protos = F.normalize(loss.prototype_head(loss.classifier.weight), dim=1)
+    want = (2.0 * reference.logit_adjusted(loss.classifier(h), labels.repeat(2), counts, 1.0)
+            + 0.6 * reference.bcl(feats, labels, protos, TAU))
+    torch.testing.assert_close(got, want)
+    got.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in loss.parameters())
+    assert set(loss.last_stats) == {'ce', 'contrastive'}
+    with pytest.raises(ValueError, match='encoder features'):
+        loss(feats, labels)
