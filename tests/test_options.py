@@ -263,3 +263,15 @@ def test_integers_beyond_64_bits_are_refused_in_one_line(capsys):
         base = ['--ckpt', 'x.pth'] if script == 'linear' else []
         accepted, lines = _outcome(script, base + [flag, '1180591620717411303424'], capsys)
         assert not accepted and len(lines) == 1 and f'{flag} is out of range' in lines[0]
+
+
+def test_label_noise_kind_names_the_run_and_needs_noise():
+    """--label_noise_kind pairflip is in the run name (symmetric, the default, keeps the old names); given without
+    --label_noise it is a one-line error."""
+    from flags import UserError
+    from options import parse_option
+    assert parse_option('supcon', ['--label_noise', '0.4', '--label_noise_kind', 'pairflip']).run_folder.endswith(
+        '_noise_pairflip_0.4')
+    assert parse_option('supcon', ['--label_noise', '0.4']).run_folder.endswith('_noise_0.4')
+    with pytest.raises(UserError, match='--label_noise_kind needs --label_noise > 0'):
+        parse_option('supcon', ['--label_noise_kind', 'pairflip'])
