@@ -28,28 +28,29 @@ def bcl_loss(features, labels, prototypes, temperature=0.1):
     weighs as much as a tail class; class-complement: every class is in every batch through its prototype.
 
     Shapes: ``features`` ``[B, V, D]`` unit rows, ``labels`` ``[B]`` in ``[0, C)``, ``prototypes`` ``[C, D]`` unit
-    rows. Output: scalar (float32, float64 for float64 input). The positive sums come from per-class sums and
-    the denominator is one logsumexp over ``[M, M + C]`` with a per-column log weight; no host synchronization.
+    rows. Output: scalar (float32, float64 for float64 input). Every per-class sum is a product with the ``[B, C]``
+    one-hot labels (deterministic on every device, unlike an atomic ``index_add``; fixed shapes, no host
+    synchronization): the positive sums from the class sums of the rows, the denominator from one stabilized
+    exponential of the ``[M, M + C]`` logits summed per class (``[M, C]``) and divided by ``n_c(i)``.
     """
     z, bsz, n_views = flatten_views(features)
     z = upcast(z)
     protos = prototypes.to(z.dtype)
-    n_classes = protos.shape[0]
-    rows = labels.reshape(-1).to(z.device, non_blocking=True).repeat(n_views)           # [M]
-    columns = torch.cat([rows, torch.arange(n_classes, device=z.device)])             # [M + C]
-    counts = torch.zeros(n_classes, dtype=z.dtype, device=z.device).scatter_add_(
-        0, columns, torch.ones_like(columns, dtype=z.dtype))                          # views + 1 prototype per class
-    contrast = torch.cat([z, protos])
-    logits = z @ contrast.T / temperature                                             # [M, M + C]
-    same = rows[:, None] == columns[None, :]
-    # n_{y_a}(i): the column's class count, without i itself where the column is of i's class
-    log_weight = torch.log(counts[columns][None, :] - same.to(z.dtype))
-    self_column = torch.eye(rows.shape[0], columns.shape[0], dtype=torch.bool, device=z.device)    # i itself
-    weighted = (logits - log_weight).masked_fill_(self_column, -math.inf)
-    log_denominator = torch.logsumexp(weighted, dim=1)                                # [M]
-    class_sums = torch.zeros(n_classes, z.shape[1], dtype=z.dtype, device=z.device).index_add_(0, rows, z) + protos
-    positive_dots = (z * (class_sums[rows] - z)).sum(1) / temperature                 # sum over P(i) of z_i.a / tau
-    n_positive = counts[rows] - 1
+    n_classes, n_rows = protos.shape[0], z.shape[0]
+    labels = labels.reshape(-1).to(z.device, non_blocking=True)
+    one_hot = (labels[:, None] == torch.arange(n_classes, device=z.device)).to(z.dtype)     # [B, C]
+    counts = n_views * one_hot.sum(0) + 1                            # [C] views + one prototype per class
+    row_class = one_hot.repeat(n_views, 1)                            # [M, C]
+    logits = z @ torch.cat([z, protos]).T / temperature              # [M, M + C]
+    logits[:, :n_rows].diagonal().fill_(-math.inf)                   # i is not in A(i)
+    shift = logits.detach().amax(1, keepdim=True)
+    per_class = torch.exp(logits - shift) @ torch.cat([row_class, torch.eye(n_classes, dtype=z.dtype,
+                                                                           device=z.device)])   # [M, C]
+    in_class = counts[None, :] - row_class                          # n_c(i): i itself is not counted
+    log_denominator = torch.log((per_class / in_class).sum(1)) + shift[:, 0]             # [M]
+    class_sums = one_hot.T @ z.reshape(n_views, bsz, -1).sum(0) + protos                 # [C, D]
+    positive_dots = (z * (row_class @ class_sums - z)).sum(1) / temperature           # sum over P(i) of z_i.a / tau
+    n_positive = row_class @ counts - 1
     return (log_denominator - positive_dots / n_positive).mean()
 
 

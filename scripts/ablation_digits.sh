@@ -48,8 +48,7 @@ for setting in plain coarse-to-fine; do
     for method in $METHODS; do
         for seed in $SEEDS; do
             mkdir -p "$OUT/$setting/$method"
-            while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-            run_one "$method" "$setting" "$seed" &
+            in_background run_one "$method" "$setting" "$seed"
         done
     done
 done

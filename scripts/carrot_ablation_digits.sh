@@ -64,18 +64,16 @@ for setting in plain coarse-to-fine; do
     for method in SupCon RASCAL CE; do
         ROWS+=("$method, $setting=$OUT/$setting/$method/seed_*/linear")
         for seed in $SEEDS; do
-            while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
             # shellcheck disable=SC2086
-            run_one "$method" "$setting" "$seed" ${PLAIN[$method]} &
+            in_background run_one "$method" "$setting" "$seed" ${PLAIN[$method]}
         done
     done
     for base in SupCon-enc SupCon-head RASCAL CE; do
         for v in $VARIANTS; do
             ROWS+=("$base + CARROT $v, $setting=$OUT/$setting/$base+CARROT-$v/seed_*/linear")
             for seed in $SEEDS; do
-                while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
                 # shellcheck disable=SC2086
-                run_one "$base+CARROT-$v" "$setting" "$seed" ${BASE[$base]} ${VARIANT[$v]} &
+                in_background run_one "$base+CARROT-$v" "$setting" "$seed" ${BASE[$base]} ${VARIANT[$v]}
             done
         done
     done

@@ -35,3 +35,10 @@ digits_run() {
             --ckpt "$(find "$dir/pretrain" -name last.pth)" --save_folder "$dir/linear"
     fi
 }
+
+# in_background CMD [args]: CMD as a background job of this shell once fewer than JOBS (default 2) of its jobs
+# run (the ablation scripts' runs, one thread each); the script ends with `wait`.
+in_background() {
+    while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-2}" ]; do wait -n; done
+    "$@" &
+}

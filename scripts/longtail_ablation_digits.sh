@@ -63,8 +63,7 @@ run_one() {   # METHOD FACTOR SEED: train on digits_lt; a pre-trained encoder th
 for factor in $FACTORS; do
     for method in $METHODS; do
         for seed in $SEEDS; do
-            while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-            run_one "$method" "$factor" "$seed" &
+            in_background run_one "$method" "$factor" "$seed"
         done
     done
 done

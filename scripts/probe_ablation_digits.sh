@@ -79,8 +79,7 @@ run_one() {   # METHOD NOISE SEED: coarse pre-training with label noise, then th
 for noise in $NOISES; do
     for method in $METHODS; do
         for seed in $SEEDS; do
-            while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-            run_one "$method" "$noise" "$seed" &
+            in_background run_one "$method" "$noise" "$seed"
         done
     done
 done

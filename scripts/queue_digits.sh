@@ -17,15 +17,18 @@ rm -rf "$OUT"
 declare -A ARGS=([batch-32]="--batch_size 32" [batch-32+queue-1024]="--batch_size 32 --queue_size 1024 --moco_m 0.99"
                  [batch-128]="--batch_size 128")
 NAMES="batch-32 batch-32+queue-1024 batch-128"
+run_one() {   # NAME SEED
+    # shellcheck disable=SC2086
+    digits_run "$OUT/$1/seed_$2" "$2" main_supcon.py --epochs "$EPOCHS" --learning_rate 0.2 --temp 0.1 ${ARGS[$1]} \
+        > "$OUT/$1/seed_$2.log" 2>&1 && echo "done: $1 seed $2 ($(( $(date +%s) - START ))s)"
+}
+
 ROWS=()
 for name in $NAMES; do
     ROWS+=("SupCon, $name=$OUT/$name/seed_*/linear")
     for seed in $SEEDS; do
-        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
         mkdir -p "$OUT/$name"
-        # shellcheck disable=SC2086
-        (digits_run "$OUT/$name/seed_$seed" "$seed" main_supcon.py --epochs "$EPOCHS" --learning_rate 0.2 --temp 0.1 \
-            ${ARGS[$name]} > "$OUT/$name/seed_$seed.log" 2>&1 && echo "done: $name seed $seed ($(( $(date +%s) - START ))s)") &
+        in_background run_one "$name" "$seed"
     done
 done
 wait

@@ -146,6 +146,29 @@ def unit(*shape, dtype=torch.float64, seed=0):
     return F.normalize(torch.randn(*shape, generator=g, dtype=dtype), dim=-1)
 
 
+# The inputs of the loss tests (B, V, labels): random classes (drawn from 3); one class; a class with a single sample;
+# classes absent from the batch (labels 1-3 and 5-8); B = 1; one view
+LOSS_CASES = {
+    'random': (12, 2, None),
+    'three views': (7, 3, None),
+    'one class': (6, 2, [3] * 6),
+    'singleton class': (5, 2, [0, 0, 1, 2, 2]),
+    'absent class': (6, 2, [0, 0, 4, 4, 9, 9]),
+    'B = 1': (1, 2, [0]),
+    'B = 1, one view': (1, 1, [0]),
+    'one view, singletons': (4, 1, [0, 1, 1, 2]),
+}
+
+
+def loss_case(name, seed=0, d=6):
+    """``LOSS_CASES[name]`` as ``(features [B, V, d] unit rows, labels [B])``, seeded."""
+    bsz, n_views, labels = LOSS_CASES[name]
+    feats = unit(bsz, n_views, d, seed=seed)
+    if labels is None:
+        labels = torch.randint(0, 3, (bsz,), generator=torch.Generator().manual_seed(seed))
+    return feats, torch.as_tensor(labels)
+
+
 def assert_one_line_error(proc, *words):
     """A finished script failed with one line on stderr that contains ``error`` and ``words``, no traceback."""
     assert proc.returncode != 0

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from helpers import build_training, load, only_run_folder, run_script, step_batch
+from helpers import build_training, load, only_run_folder, run_script, step_batch, take_steps
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')]
@@ -102,10 +102,30 @@ def test_losses_on_cuda_equal_cpu():
         torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=1e-6)
 
 
+# the published variants (docs/FIELD.md), BCL with the loss-owned classifier and prototypes
+FIELD = [['--method', m] for m in ('KCL', 'SINCERE', 'EpsSupInfoNCE', 'SupDCL', 'Spread', 'BCL')]
+
+
+@pytest.mark.parametrize('argv', [[], ['--method', 'RASCAL', '--carrot'], *FIELD])
+def test_a_deterministic_step_repeats_bit_for_bit_on_cuda(argv):
+    """With ``--deterministic`` two builds of one step give bit-equal gradients (the model's and the loss's own
+    parameters), close to the CPU's: no atomic accumulation (``index_add``, ``scatter_add``) in a loss."""
+    views, labels, ids = step_batch()
+    try:
+        grads = [take_steps(build_training([*argv, '--deterministic'], device='cuda'), views, labels, ids)[2]
+                 for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    on_cpu = take_steps(build_training(argv), views, labels, ids)[2]
+    for name, g in grads[0].items():
+        assert torch.equal(grads[1][name], g), name
+        torch.testing.assert_close(g.cpu(), on_cpu[name], rtol=1e-3, atol=1e-5)
+
+
 @pytest.mark.parametrize('argv', [[], ['--method', 'SimCLR'], ['--method', 'RASCAL'],
                                   ['--method', 'RASCAL', '--rascal_weighting', 'current'], ['--carrot'],
                                   ['--queue_size', '64'], ['--method', 'RASCAL', '--queue_size', '64', '--carrot'],
-                                  ['--amp', 'bf16']])
+                                  ['--amp', 'bf16'], *FIELD])
 @pytest.mark.parametrize('chunk', [0, 6])
 def test_training_step_has_no_host_synchronization(argv, chunk):
     """The same step as tests/test_sync.py counts on a CPU, here under CUDA's sync debug mode: it raises at the

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import reference
-from helpers import unit
+from helpers import LOSS_CASES, loss_case, unit
 from losses import SupConLoss
 from losses_field import (
     EpsSupInfoNCELoss,
@@ -24,25 +24,8 @@ from losses_field import (
 from memory_queue import QueueView
 
 TAU = 0.5
-# (B, V, labels): random classes; one class; a class with a single sample; B = 1; one view
-CASES = {
-    'random': (12, 2, None),
-    'three views': (7, 3, None),
-    'one class': (6, 2, [3] * 6),
-    'singleton class': (5, 2, [0, 0, 1, 2, 2]),
-    'absent class': (6, 2, [0, 0, 4, 4, 9, 9]),     # labels 1-3 and 5-8 are absent: blocks are per present class
-    'B = 1': (1, 2, [0]),
-    'B = 1, one view': (1, 1, [0]),
-    'one view, singletons': (4, 1, [0, 1, 1, 2]),
-}
-
-
-def case(name, seed=0, d=6):
-    bsz, n_views, labels = CASES[name]
-    feats = unit(bsz, n_views, d, seed=seed)
-    if labels is None:
-        labels = torch.randint(0, 3, (bsz,), generator=torch.Generator().manual_seed(seed))
-    return feats, torch.as_tensor(labels)
+CASES = LOSS_CASES
+case = loss_case
 
 
 def a_queue(k=9, d=6, n_classes=3, seed=0):

@@ -5,30 +5,17 @@ import torch
 import torch.nn.functional as F
 
 import reference
-from helpers import unit
+from helpers import LOSS_CASES, loss_case, unit
 from losses_proto import BCLLoss, bcl_loss
 
 TAU = 0.5
-N_CLASSES = 5
-# (B, V, labels): random; one class; a class with a single sample; classes absent from the batch; B = 1; one view
-CASES = {
-    'random': (10, 2, None),
-    'three views': (6, 3, None),
-    'one class': (6, 2, [3] * 6),
-    'singleton class': (5, 2, [0, 0, 1, 2, 2]),
-    'absent classes': (4, 2, [0, 0, 4, 4]),
-    'B = 1': (1, 2, [2]),
-    'B = 1, one view': (1, 1, [0]),
-    'one view, singletons': (4, 1, [0, 1, 1, 2]),
-}
+N_CLASSES = 10
+CASES = LOSS_CASES
 
 
 def case(name, seed=0, d=6):
-    bsz, n_views, labels = CASES[name]
-    feats = unit(bsz, n_views, d, seed=seed)
-    if labels is None:
-        labels = torch.randint(0, N_CLASSES, (bsz,), generator=torch.Generator().manual_seed(seed))
-    return feats, torch.as_tensor(labels), unit(N_CLASSES, d, seed=seed + 1)
+    """A loss case of tests/helpers.py with ``N_CLASSES`` unit prototypes."""
+    return (*loss_case(name, seed, d), unit(N_CLASSES, d, seed=seed + 1))
 
 
 @pytest.mark.parametrize('name', list(CASES))
@@ -65,7 +52,7 @@ def test_bcl_loss_is_weighted_logit_adjusted_ce_plus_the_term_and_trains_its_par
     counts = [40, 20, 10, 5, 1]
     loss = BCLLoss(counts, enc_dim=8, feat_dim=6, temperature=TAU, ce_weight=2.0, bcl_weight=0.6).double()
     feats, labels, _ = case('random')
-    h = torch.randn(2 * 10, 8, dtype=torch.float64)
+    h = torch.randn(2 * 12, 8, dtype=torch.float64)
     got = loss(feats, labels, h_enc=h)
     protos = F.normalize(loss.prototype_head(loss.classifier.weight), dim=1)
     want = (2.0 * reference.logit_adjusted(loss.classifier(h), labels.repeat(2), counts, 1.0)

@@ -148,3 +148,14 @@ def test_key_encoder_is_copied_before_syncbn_conversion(monkeypatch):
     kinds = {type(m) for m in training.key_encoder.modules()}
     assert nn.BatchNorm2d in kinds and nn.SyncBatchNorm not in kinds
     assert nn.SyncBatchNorm in {type(m) for m in training.model.modules()}
+
+
+@pytest.mark.parametrize('ce_weight, weight', [(2.0, 0.6), (0.0, 1.0), (1.5, 0.0)])
+def test_the_bcl_weights_reach_its_loss(ce_weight, weight):
+    """``--bcl_ce_weight`` and ``--bcl_weight`` weigh BCL's two terms in the loss the step optimizes."""
+    views, labels, ids = step_batch()
+    training = build_training(['--method', 'BCL', '--bcl_ce_weight', str(ce_weight), '--bcl_weight', str(weight)])
+    loss, stats, _ = take_steps(training, views, labels, ids)
+    want = ce_weight * stats['bcl/ce'] + weight * stats['bcl/contrastive']
+    torch.testing.assert_close(torch.as_tensor(loss, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64))
+    assert stats['bcl/ce'] > 0 and stats['bcl/contrastive'] > 0
