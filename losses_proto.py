@@ -1,5 +1,5 @@
 """The published SupCon variants with parameters of their own: class prototypes and a classifier inside the loss
-(definitions in our words: docs/FIELD.md, "BCL"). Today: BCL.
+(definitions in our words: docs/FIELD.md, "BCL" and "PaCo"): BCL, PaCo and GPaCo.
 
 Such a loss is an ``nn.Module`` with parameters; the methods registry says that it reads the encoder's features
 (``Method.uses_encoder_features``), and ``steps.Pretraining`` optimizes its parameters with the model's, saves them
@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn as nn
 
-from losses import LogitAdjustedLoss, Loss, flatten_views, upcast
+from losses import LogitAdjustedLoss, Loss, flatten_views, positive_dots, upcast
 
 
 def bcl_loss(features, labels, prototypes, temperature=0.1):
@@ -98,3 +98,77 @@ class BCLLoss(Loss):
         contrastive = bcl_loss(features, labels, self.prototypes(), self.temperature)
         self.last_stats = {'ce': ce.detach(), 'contrastive': contrastive.detach()}
         return self.ce_weight * ce + self.bcl_weight * contrastive
+
+
+def paco_loss(features, labels, class_logits, temperature=0.05, alpha=0.01, beta=1.0, gamma=1.0, queue=None):
+    """Parametric contrastive loss (PaCo, Cui et al., ICCV 2021), docs/FIELD.md, "PaCo"::
+
+        rows i = 1..M (M = V*B unit projections, view-major); s_ia = z_i.a / tau;
+        l_ic: the class logits of row i (the classifier's, plus log pi_c for PaCo), c = 1..C;
+        D_i = sum_c exp(l_ic) + gamma * sum_{a != i} exp(s_ia)   (a: the other rows and the valid queue keys)
+        L = mean_i [ log D_i - (beta * l_{i,y_i} + alpha * sum_{p in P(i)} s_ip) / (beta + alpha * |P(i)|) ]
+
+    ``P(i)``: the rows and valid queue keys of ``i``'s label but ``i`` (its other views included). The class
+    entries are part of every contrast set; the own-class entry is a positive of weight ``beta``, each
+    same-label sample one of weight ``alpha``, and ``gamma`` scales the samples' part of the denominator.
+
+    Shapes: ``features`` ``[B, V, D]`` unit rows, ``labels`` ``[B]`` in ``[0, C)``, ``class_logits`` ``[V*B, C]``
+    (view-major, as the rows); ``queue``: a ``memory_queue.QueueView``. Output: scalar (float32, float64 for
+    float64 input). One logsumexp over ``[M, C + M (+ K)]``; the positive sums from per-class sums
+    (:func:`losses.positive_dots`); no host synchronization.
+    """
+    z, bsz, n_views = flatten_views(features)
+    z = upcast(z)
+    class_logits = class_logits.to(z.dtype)
+    labels = labels.reshape(-1).to(z.device, non_blocking=True)
+    log_gamma = math.log(gamma) if gamma > 0 else -math.inf
+    logits = z @ z.T / temperature
+    logits.diagonal().fill_(-math.inf)                                      # i is not in its own sums
+    parts = [class_logits, logits + log_gamma]
+    if queue is not None:
+        q_logits = z @ queue.feat.to(z.dtype).T / temperature
+        parts.append(q_logits.masked_fill(~queue.valid[None, :], -math.inf) + log_gamma)
+    log_denominator = torch.logsumexp(torch.cat(parts, 1), dim=1)                         # [M]
+    own_class = class_logits.gather(1, labels.repeat(n_views)[:, None])[:, 0]
+    positive_sum, n_positive = positive_dots(z, z, bsz, n_views, labels, queue=queue)
+    weighted = (beta * own_class + alpha * positive_sum / temperature) / (beta + alpha * n_positive)
+    return (log_denominator - weighted).mean()
+
+
+class PaCoLoss(Loss):
+    """PaCo (Cui et al., ICCV 2021, "Parametric Contrastive Learning") and, with ``prior=False``, GPaCo (its
+    balanced-data form, Cui et al., TPAMI 2023); docs/FIELD.md, "PaCo". A linear classifier on the normalized
+    encoder features gives every row ``C`` class entries in its contrast set (:func:`paco_loss`); PaCo adds the
+    log class prior of the training labels to them (a class without a training sample counts as one).
+
+    Args:
+        class_counts: training samples per class ``[C]``.
+        enc_dim: the encoder's feature dimension.
+        temperature: ``tau``; alpha, beta, gamma: as :func:`paco_loss` (``--paco_alpha/_beta/_gamma``).
+        prior: add ``log pi_c`` to the class logits (PaCo) or not (GPaCo).
+
+    ``forward(features [B, V, D], labels [B], h_enc=[V*B, E], queue=None)``. Statistics: ``paco/class_acc``,
+    the share of rows whose largest class logit is their label's.
+    """
+
+    def __init__(self, class_counts, enc_dim, temperature=0.05, alpha=0.01, beta=1.0, gamma=1.0, prior=True):
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f'temperature must be > 0, got {temperature}')
+        if not (alpha >= 0 and beta > 0 and gamma >= 0 and all(map(math.isfinite, (alpha, beta, gamma)))):
+            raise ValueError(f'need alpha >= 0, beta > 0, gamma >= 0 (finite), got {alpha}, {beta}, {gamma}')
+        self.temperature, self.alpha, self.beta, self.gamma = temperature, alpha, beta, gamma
+        self.classifier = nn.Linear(enc_dim, len(class_counts))
+        counts = torch.as_tensor(class_counts, dtype=torch.float64).clamp(min=1)
+        offset = torch.log(counts / counts.sum()) if prior else torch.zeros_like(counts)
+        self.register_buffer('offset', offset.float(), persistent=False)
+
+    def forward(self, features, labels, h_enc=None, queue=None):
+        if labels is None or h_enc is None:
+            raise ValueError('PaCo needs labels and the encoder features (h_enc=)')
+        h = nn.functional.normalize(h_enc.to(self.classifier.weight.dtype), dim=1)
+        class_logits = self.classifier(h) + self.offset.to(h.dtype)
+        loss = paco_loss(features, labels, class_logits, self.temperature, self.alpha, self.beta, self.gamma, queue)
+        rows = labels.reshape(-1).to(h.device, non_blocking=True).repeat(features.shape[1])
+        self.last_stats = {'class_acc': (class_logits.detach().argmax(1) == rows).float().mean()}
+        return loss

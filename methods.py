@@ -13,13 +13,14 @@ Adding a method (docs/DEVELOPING.md, "Adding a method")::
     register(Method('MyLoss', build=lambda temp, num_samples: MyLoss(temp),
                     flags={'--my_weight': dict(type=float, default=0.5, help='...')}))
 """
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from flags import UserError, call_hook, check
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_field import EpsSupInfoNCELoss, KCLLoss, SINCERELoss, SpreadLoss, SupDCLLoss
-from losses_proto import BCLLoss
+from losses_proto import BCLLoss, PaCoLoss
 from losses_rascal import WEIGHTINGS, RASCALLoss
 
 
@@ -218,3 +219,39 @@ register(Method('BCL', lambda class_counts, enc_dim, feat_dim, temp, bcl_ce_weig
                 check=_check_bcl,
                 run_name=lambda bcl_ce_weight, bcl_weight, temp: (f'BCL_ce_{bcl_ce_weight}_bcl_{bcl_weight}',
                                                                   f'temp_{temp}')))
+
+
+PACO_FLAGS = {
+    '--paco_alpha': dict(type=float, default=0.01,
+                         help='PaCo/GPaCo: weight of each same-label sample among the positives (default 0.01, the '
+                              'paper\'s CIFAR-LT setting)'),
+    '--paco_beta': dict(type=float, default=1.0, help='PaCo/GPaCo: weight of the own-class entry (default 1.0)'),
+    '--paco_gamma': dict(type=float, default=1.0,
+                         help='PaCo/GPaCo: scale of the samples\' part of the denominator (default 1.0)'),
+}
+
+
+def _check_paco(paco_alpha, paco_beta, paco_gamma):
+    check(all(math.isfinite(v) for v in (paco_alpha, paco_beta, paco_gamma))
+          and paco_alpha >= 0 and paco_beta > 0 and paco_gamma >= 0,
+          f'--paco_alpha and --paco_gamma must be >= 0 and --paco_beta > 0 (finite), got {paco_alpha}, '
+          f'{paco_beta} and {paco_gamma}')
+
+
+def _paco(prior):
+    def build(class_counts, enc_dim, temp, paco_alpha, paco_beta, paco_gamma):
+        return PaCoLoss(class_counts, enc_dim, temperature=temp, alpha=paco_alpha, beta=paco_beta, gamma=paco_gamma,
+                        prior=prior)
+
+    def run_name(paco_alpha, paco_beta, paco_gamma, temp):
+        return f'{"PaCo" if prior else "GPaCo"}_a_{paco_alpha}_b_{paco_beta}_g_{paco_gamma}', f'temp_{temp}'
+    return build, run_name
+
+
+for _name, _prior, _help in (
+        ('PaCo', True, 'parametric contrastive learning (Cui et al. 2021): class entries from a classifier of its own '
+                       '(plus the log class prior) in every contrast set'),
+        ('GPaCo', False, 'PaCo without the class prior (its balanced-data form, Cui et al. 2023)')):
+    _build, _run_name = _paco(_prior)
+    register(Method(_name, _build, help=_help, takes_queue=True, uses_encoder_features=True, stats_prefix='paco/',
+                    flags=PACO_FLAGS, check=_check_paco, run_name=_run_name))

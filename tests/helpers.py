@@ -26,12 +26,85 @@ def script_env(**extra):
 
 
 def run_script(script, *args, check=True, timeout=600):
-    """Run ``python <script> args`` in the repo root; returns the CompletedProcess."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env=script_env())
+    """Run ``python <script> args`` in the repo root; returns a ``CompletedProcess`` (``returncode``, ``stdout``,
+    ``stderr``). The script runs in a process of its own (:func:`start_script`)."""
+    proc = start_script(script, args)
+    out, err = proc.communicate(timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f'{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
-    return proc
+        raise AssertionError(f'{script} failed ({proc.returncode}):\n{out[-3000:]}\n{err[-3000:]}')
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def start_script(script, args, sigint=False):
+    """Start ``python <script> args`` in the repo root (environment :func:`script_env`); returns a handle with
+    ``Popen``'s ``args``, ``pid``, ``poll``, ``send_signal``, ``communicate`` and ``returncode``. ``sigint``: the
+    script gets the default SIGINT handling back, as a terminal's foreground job has it (a shell's background
+    job, as in CI, inherits SIGINT ignored, and so do the tests' children).
+
+    The process is forked from a script server that has imported torch and the scripts once per pytest worker
+    (tests/script_server.py): no interpreter start and no torch import per run, which hundreds of end-to-end
+    runs would otherwise pay (several seconds each on 2 cores). ``SUITE_SUBPROCESS=1`` starts a fresh
+    interpreter instead."""
+    argv = [os.path.join(ROOT, script), *map(str, args)]
+    if os.environ.get('SUITE_SUBPROCESS') == '1':
+        return subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=script_env(),
+                                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint else None)
+    return ForkedScript(argv, script_env(), sigint)
+
+
+class ForkedScript:
+    """A script run by this worker's script server (one at a time: the server waits for each child)."""
+    server = None
+    running = None      # the last one started: killed if it still runs when the next starts (a failed test's)
+
+    def __init__(self, argv, env, sigint):
+        import json
+        import tempfile
+        if ForkedScript.running is not None and ForkedScript.running.poll() is None:
+            ForkedScript.running.send_signal(signal.SIGKILL)
+            ForkedScript.running.poll(None)
+        if ForkedScript.server is None or ForkedScript.server.poll() is not None:
+            ForkedScript.server = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'script_server.py')],
+                                                   cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                                   env=env)
+        self.args, self.returncode = [sys.executable, *argv], None
+        self.folder = tempfile.TemporaryDirectory()
+        self.out, self.err = (os.path.join(self.folder.name, name) for name in ('stdout', 'stderr'))
+        request = {'argv': argv, 'env': env, 'out': self.out, 'err': self.err, 'sigint': sigint}
+        ForkedScript.server.stdin.write((json.dumps(request) + '\n').encode())
+        self.pid = int(self._line())
+        ForkedScript.running = self
+
+    def _line(self):
+        """One line of the server's answer, byte by byte (nothing read ahead, so ``select`` sees the next)."""
+        line = b''
+        while not line.endswith(b'\n'):
+            byte = ForkedScript.server.stdout.read(1)
+            if not byte:
+                raise RuntimeError('the script server (tests/script_server.py) has ended')
+            line += byte
+        return line.decode()
+
+    def poll(self, timeout=0):
+        import select
+        if self.returncode is None and select.select([ForkedScript.server.stdout], [], [], timeout)[0]:
+            self.returncode = int(self._line())
+        return self.returncode
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def communicate(self, timeout=None):
+        if self.poll(timeout) is None:
+            self.send_signal(signal.SIGKILL)
+            self.poll(None)
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        with open(self.out, errors='replace') as out, open(self.err, errors='replace') as err:
+            result = out.read(), err.read()
+        self.folder.cleanup()
+        return result
 
 
 def run_in_process(script, *args):
@@ -71,9 +144,7 @@ def signal_after_first_checkpoint(script, args, folder, signum, delay):
     """Start ``script args``, send ``signum`` ``delay`` seconds after the first ``last.pth`` appears under
     ``folder``; returns (finished process, that last.pth or None, stderr). The child gets SIGINT back, as a
     terminal's foreground job has it (a shell's background job, as in CI, inherits it ignored)."""
-    cmd = [sys.executable, os.path.join(ROOT, script), *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env(),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = start_script(script, args, sigint=True)
     deadline, last = time.time() + 300, None
     while time.time() < deadline and proc.poll() is None:
         found = [os.path.join(d, 'last.pth') for d, _, fs in os.walk(folder) if 'last.pth' in fs]
@@ -167,6 +238,14 @@ def loss_case(name, seed=0, d=6):
     if labels is None:
         labels = torch.randint(0, 3, (bsz,), generator=torch.Generator().manual_seed(seed))
     return feats, torch.as_tensor(labels)
+
+
+def loss_queue(k=9, d=6, n_classes=3, seed=0):
+    """A ``memory_queue.QueueView`` of ``k`` unit keys with labels in ``[0, n_classes)``, about 70 % valid."""
+    from memory_queue import QueueView
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.rand(k, generator=g) < 0.7
+    return QueueView(unit(k, d, seed=seed + 7), torch.randint(0, n_classes, (k,), generator=g), torch.arange(k), valid)
 
 
 def assert_one_line_error(proc, *words):

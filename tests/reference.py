@@ -10,7 +10,8 @@ paper, with no vectorization to share bugs with the code under test; and one val
   (docs/CARROT.md).
 - :func:`kcl`, :func:`sincere` (with a margin: epsilon-SupInfoNCE), :func:`supdcl`, :func:`spread`: the published
   variants of docs/FIELD.md.
-- :func:`logit_adjusted`: logit-adjusted cross-entropy and balanced softmax; :func:`bcl`: BCL's contrastive term.
+- :func:`logit_adjusted`: logit-adjusted cross-entropy and balanced softmax; :func:`bcl`: BCL's contrastive term;
+  :func:`paco`: PaCo's loss.
 - :func:`assert_value_and_grad_close`: a loss against its oracle, in value and gradient.
 """
 import math
@@ -316,4 +317,24 @@ def bcl(features, labels, prototypes, temperature):
         denominator = sum(torch.exp(zi @ columns[j][0] / temperature) / count[columns[j][1]] for j in others)
         P = [j for j in others if columns[j][1] == yi]
         total = total + sum(torch.log(denominator) - zi @ columns[p][0] / temperature for p in P) / len(P)
+    return total / n_rows
+
+
+def paco(features, labels, class_logits, temperature, alpha, beta, gamma, queue=None):
+    """PaCo: anchor ``i`` (a batch row) against its ``C`` class entries (``class_logits[i]``), every other row and
+    the valid queue keys (``gamma`` times their exponentials in the denominator); positives: its class entry
+    (weight ``beta``) and the rows and keys of its label (weight ``alpha`` each); weighted mean of the positives'
+    log-probabilities, then mean over the rows."""
+    rows, n_rows = _field_rows(features, labels, queue)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, _ = rows[i]
+        others = [j for j in range(len(rows)) if j != i]
+        denominator = sum(torch.exp(class_logits[i, c]) for c in range(class_logits.shape[1]))
+        denominator = denominator + gamma * sum((torch.exp(zi @ rows[j][0] / temperature) for j in others),
+                                                torch.zeros((), dtype=features.dtype))
+        terms = [(beta, class_logits[i, yi])] + [(alpha, zi @ rows[j][0] / temperature)
+                                                 for j in others if rows[j][1] == yi]
+        weight = sum(w for w, _ in terms)
+        total = total + sum(w * (torch.log(denominator) - logit) for w, logit in terms) / weight
     return total / n_rows

@@ -102,8 +102,9 @@ def test_losses_on_cuda_equal_cpu():
         torch.testing.assert_close(values[1], values[0], rtol=1e-5, atol=1e-6)
 
 
-# the published variants (docs/FIELD.md), BCL with the loss-owned classifier and prototypes
-FIELD = [['--method', m] for m in ('KCL', 'SINCERE', 'EpsSupInfoNCE', 'SupDCL', 'Spread', 'BCL')]
+# the published variants (docs/FIELD.md); BCL and PaCo with their own classifier (and BCL's prototypes)
+FIELD = [['--method', m] for m in ('KCL', 'SINCERE', 'EpsSupInfoNCE', 'SupDCL', 'Spread', 'BCL', 'PaCo')] + [
+    ['--method', 'GPaCo', '--queue_size', '64']]
 
 
 @pytest.mark.parametrize('argv', [[], ['--method', 'RASCAL', '--carrot'], *FIELD])

@@ -43,6 +43,7 @@ CASES = {
     'SupDCL': ['--method', 'SupDCL'],
     'Spread-queue': ['--method', 'Spread', '--queue_size', '64', '--moco_m', '0'],
     'BCL+CARROT': ['--method', 'BCL', '--carrot'],
+    'PaCo-queue': ['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0.9', '--paco_alpha', '0.3'],
 }
 
 

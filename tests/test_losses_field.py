@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import reference
-from helpers import LOSS_CASES, loss_case, unit
+from helpers import LOSS_CASES, loss_case, loss_queue
 from losses import SupConLoss
 from losses_field import (
     EpsSupInfoNCELoss,
@@ -21,17 +21,13 @@ from losses_field import (
     spread_loss,
     supdcl_loss,
 )
-from memory_queue import QueueView
 
 TAU = 0.5
 CASES = LOSS_CASES
 case = loss_case
 
 
-def a_queue(k=9, d=6, n_classes=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    valid = torch.rand(k, generator=g) < 0.7
-    return QueueView(unit(k, d, seed=seed + 7), torch.randint(0, n_classes, (k,), generator=g), torch.arange(k), valid)
+a_queue = loss_queue
 
 
 def drawn_lists(chosen, valid):

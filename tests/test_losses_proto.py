@@ -1,12 +1,12 @@
-"""losses_proto.py (BCL) against the per-row loop of tests/reference.py (values and gradients, float64, for the
+"""losses_proto.py (BCL, PaCo) against the per-row loop of tests/reference.py (values and gradients, float64, for the
 features and the prototypes), on random batches and on hand-built edge cases; the whole BCLLoss against its parts."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import reference
-from helpers import LOSS_CASES, loss_case, unit
-from losses_proto import BCLLoss, bcl_loss
+from helpers import LOSS_CASES, loss_case, loss_queue, unit
+from losses_proto import BCLLoss, PaCoLoss, bcl_loss, paco_loss
 
 TAU = 0.5
 N_CLASSES = 10
@@ -63,3 +63,59 @@ def test_bcl_loss_is_weighted_logit_adjusted_ce_plus_the_term_and_trains_its_par
     assert set(loss.last_stats) == {'ce', 'contrastive'}
     with pytest.raises(ValueError, match='encoder features'):
         loss(feats, labels)
+
+
+# ---------------------------------------------------------------- PaCo
+@pytest.mark.parametrize('name', list(CASES))
+@pytest.mark.parametrize('alpha, beta, gamma', [(0.01, 1.0, 1.0), (0.5, 2.0, 0.5), (1.0, 1.0, 0.0)])
+@pytest.mark.parametrize('with_queue', [False, True])
+def test_paco_matches_the_loop(name, alpha, beta, gamma, with_queue):
+    feats, labels = loss_case(name)
+    logits = torch.randn(feats.shape[0] * feats.shape[1], N_CLASSES, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(2))
+    queue = loss_queue() if with_queue else None
+    args = (TAU, alpha, beta, gamma, queue)
+    reference.assert_value_and_grad_close(lambda f: paco_loss(f, labels, logits, *args),
+                                          lambda f: reference.paco(f, labels, logits, *args), feats)
+    reference.assert_value_and_grad_close(lambda c: paco_loss(feats, labels, c, *args),
+                                          lambda c: reference.paco(feats, labels, c, *args), logits)
+
+
+def test_paco_by_hand_and_its_parts():
+    """One sample of class 1 (two views), 2 classes, no queue: row i's denominator is e^{l_i0} + e^{l_i1} +
+    gamma e^{s}, its positives its class entry (beta) and its other view (alpha). Power: the class entries and
+    gamma change the value."""
+    feats, labels = unit(1, 2, 4, seed=5), torch.tensor([1])
+    logits = torch.tensor([[0.3, -0.2], [1.0, 0.5]], dtype=torch.float64)
+    s = feats[0, 0] @ feats[0, 1] / TAU
+    want = 0.0
+    for i in range(2):
+        log_den = torch.log(torch.exp(logits[i]).sum() + 0.5 * torch.exp(s))
+        want = want + (log_den - (2.0 * logits[i, 1] + 0.3 * s) / 2.3) / 2
+    torch.testing.assert_close(paco_loss(feats, labels, logits, TAU, 0.3, 2.0, 0.5), want)
+    assert not torch.isclose(paco_loss(feats, labels, logits, TAU, 0.3, 2.0, 1.0), want)
+    assert not torch.isclose(paco_loss(feats, labels, logits.flip(1), TAU, 0.3, 2.0, 0.5), want)
+
+
+@pytest.mark.parametrize('prior', [True, False], ids=['PaCo', 'GPaCo'])
+def test_paco_loss_module_adds_the_prior_and_trains_its_classifier(prior):
+    """PaCoLoss = paco_loss over the classifier's logits of the normalized encoder features, plus log pi for
+    PaCo (not GPaCo); the classifier gets gradients; bad arguments are refused."""
+    torch.manual_seed(0)
+    counts = [40, 20, 10, 5, 1, 0, 3, 3, 3, 3]
+    loss = PaCoLoss(counts, enc_dim=8, temperature=TAU, alpha=0.2, beta=1.0, gamma=1.0, prior=prior).double()
+    feats, labels = loss_case('random')
+    h = torch.randn(2 * 12, 8, dtype=torch.float64)
+    queue = loss_queue()
+    got = loss(feats, labels, h_enc=h, queue=queue)
+    pi = torch.tensor(counts, dtype=torch.float64).clamp(min=1)
+    logits = loss.classifier(F.normalize(h, dim=1)) + (torch.log(pi / pi.sum()) if prior else 0)
+    torch.testing.assert_close(got, reference.paco(feats, labels, logits, TAU, 0.2, 1.0, 1.0, queue))
+    got.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in loss.parameters())
+    assert set(loss.last_stats) == {'class_acc'}
+    with pytest.raises(ValueError, match='encoder features'):
+        loss(feats, labels)
+    for bad in (dict(beta=0.0), dict(alpha=-1.0), dict(gamma=float('inf')), dict(temperature=0.0)):
+        with pytest.raises(ValueError):
+            PaCoLoss(counts, 8, **bad)

@@ -146,6 +146,7 @@ FIELD = {   # method -> flags: each with one of the features its definition allo
     'SupDCL': ['--carrot', '--carrot_on', 'head'],
     'Spread': ['--spread_alpha', 0.3, '--queue_size', 256],
     'BCL': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--chunk_size', 40, '--carrot'],   # parameters of its own
+    'PaCo': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--queue_size', 256, '--moco_m', 0.9, '--chunk_size', 40],
 }
 
 
@@ -176,8 +177,9 @@ def test_field_method_trains_resumes_exactly_and_evaluates(method, tmp_path):
                    for k, v in state.items()), part
     if method == 'KCL':
         assert got['extra']['criterion']['_extra_state'] == want['extra']['criterion']['_extra_state'] == {'calls': 12}
-    if method == 'BCL':      # its classifier is trained, saved and resumed
-        assert 'classifier.weight' in want['extra']['criterion'] and 'train/bcl/ce' in rows[0]
+    if method in ('BCL', 'PaCo'):      # its classifier is trained, saved and resumed
+        assert 'classifier.weight' in want['extra']['criterion']
+        assert {'BCL': 'train/bcl/ce', 'PaCo': 'train/paco/class_acc'}[method] in rows[0]
     out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--size', 8,
                      '--save_folder', tmp_path / 'lin', *FAST)
     assert out.stdout.strip().splitlines()[-1].startswith('final test top-1: ')
@@ -190,7 +192,9 @@ def test_field_method_errors():
                         (['--method', 'Spread', '--spread_alpha', 2], '--spread_alpha must be in [0, 1]'),
                         (['--method', 'SupCon', '--kcl_k', 2], '--kcl_k needs --method KCL'),
                         (['--method', 'BCL', '--bcl_weight', -1], '--bcl_ce_weight and --bcl_weight must be >= 0'),
-                        (['--method', 'BCL', '--queue_size', 64], '--queue_size is not defined for --method BCL')]:
+                        (['--method', 'BCL', '--queue_size', 64], '--queue_size is not defined for --method BCL'),
+                        (['--method', 'PaCo', '--paco_beta', 0], '--paco_beta > 0'),
+                        (['--method', 'SupCon', '--paco_alpha', 0.1], '--paco_alpha needs --method PaCo or GPaCo')]:
         assert_one_line_error(run_in_process('main_supcon.py', *args), words)
 
 

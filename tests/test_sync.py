@@ -28,6 +28,7 @@ MODES = {
     'SupDCL queue': ['--method', 'SupDCL', '--queue_size', '64'],
     'Spread queue': ['--method', 'Spread', '--queue_size', '64'],
     'BCL + CARROT': ['--method', 'BCL', '--carrot'],
+    'PaCo queue + CARROT': ['--method', 'PaCo', '--queue_size', '64', '--carrot'],
 }
 
 
