@@ -23,7 +23,7 @@ class Loss(nn.Module):
 
     A subclass's ``forward(features, labels=None[, ids][, queue=None]) -> 0-d tensor`` takes ``features``
     ``[B, V, D]`` (unit projections, view-major), ``labels`` ``[B]``, dataset ``ids`` ``[B]`` and a
-    ``memory_queue.QueueView`` (docs/DEVELOPING.md, "Adding a method").
+    ``memory_queue.QueueView`` (docs/DEVELOPING.md, "Adding a method"). ``end_epoch()`` runs after each epoch.
     """
     last_stats: dict[str, torch.Tensor]
     last_hists: dict[str, torch.Tensor]
@@ -31,6 +31,10 @@ class Loss(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.last_stats, self.last_hists = {}, {}
+
+    def end_epoch(self) -> None:
+        """Called by the training loop after every training epoch, before the checkpoint is written (TSC
+        assigns its targets to classes here); nothing for most losses."""
 
 
 def flatten_views(features: torch.Tensor) -> tuple[torch.Tensor, int, int]:

@@ -1,5 +1,5 @@
 """The published SupCon variants with parameters of their own: class prototypes and a classifier inside the loss
-(definitions in our words: docs/FIELD.md, "BCL" and "PaCo"): BCL, PaCo and GPaCo.
+(definitions in our words: docs/FIELD.md, "BCL", "PaCo" and "TSC"): BCL, PaCo and GPaCo, TSC.
 
 Such a loss is an ``nn.Module`` with parameters; the methods registry says that it reads the encoder's features
 (``Method.uses_encoder_features``), and ``steps.Pretraining`` optimizes its parameters with the model's, saves them
@@ -9,10 +9,12 @@ process (the loss sees the gathered batch, so no gradient of its own needs avera
 """
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from losses import LogitAdjustedLoss, Loss, flatten_views, positive_dots, upcast
+from losses_field import KCLLoss, kcl_positives
 
 
 def bcl_loss(features, labels, prototypes, temperature=0.1):
@@ -172,3 +174,135 @@ class PaCoLoss(Loss):
         rows = labels.reshape(-1).to(h.device, non_blocking=True).repeat(features.shape[1])
         self.last_stats = {'class_acc': (class_logits.detach().argmax(1) == rows).float().mean()}
         return loss
+
+
+# ---------------------------------------------------------------- TSC
+def uniform_targets(n_classes, dim, seed=0, steps=2000, temperature=0.1):
+    """TSC's targets: ``n_classes`` unit vectors in ``dim`` dimensions spread uniformly over the sphere, under a
+    random rotation drawn from ``seed`` (float64 on the host; returned ``[C, dim]`` float32). With
+    ``C <= dim + 1`` they are the regular simplex (every pair at cosine ``-1/(C-1)``, the optimum), built
+    directly; otherwise, ``steps`` of gradient descent on the uniformity energy
+    ``mean_i log sum_{j != i} exp(u_i.u_j / T)`` from a seeded Gaussian start, projected back onto the sphere after
+    each step (12 points on the 2-sphere reach the icosahedron; 1,000 classes in 128 dimensions take minutes)."""
+    g = torch.Generator().manual_seed(int(seed) % 2 ** 63)
+    if n_classes <= dim + 1:
+        centered = torch.eye(n_classes, dtype=torch.float64) - 1.0 / n_classes      # the simplex, in R^C
+        _, _, vh = torch.linalg.svd(centered)
+        coords = centered @ vh[:max(n_classes - 1, 1)].T                           # the same, in R^(C-1)
+        u = torch.zeros(n_classes, dim, dtype=torch.float64)
+        u[:, :coords.shape[1]] = coords
+        if n_classes == 1:
+            u[0, 0] = 1.0
+        q, r = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
+        rotation = q * torch.sign(torch.diagonal(r))[None, :]                          # uniform over rotations
+        return nn.functional.normalize(u @ rotation.T, dim=1).float()
+    u = nn.functional.normalize(torch.randn(n_classes, dim, generator=g, dtype=torch.float64), dim=1)
+    u.requires_grad_(True)
+    optimizer = torch.optim.SGD([u], lr=0.01)
+    off_diagonal = ~torch.eye(n_classes, dtype=torch.bool)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        logits = (u @ u.T / temperature).masked_fill(~off_diagonal, -math.inf)
+        torch.logsumexp(logits, dim=1).mean().backward()
+        optimizer.step()
+        with torch.no_grad():
+            u.copy_(nn.functional.normalize(u, dim=1))
+    return u.detach().float()
+
+
+def assign_targets(class_means, present, targets):
+    """The Hungarian matching of classes to targets: the permutation ``[C]`` (class -> target index) that
+    maximizes the summed cosine between each present class's mean feature (``class_means`` ``[C, D]``,
+    ``present`` ``[C]`` bool) and its target (``targets`` ``[C, D]`` unit rows); absent classes take what is left.
+    On the host (``scipy.optimize.linear_sum_assignment``), once per epoch."""
+    from scipy.optimize import linear_sum_assignment
+    means = nn.functional.normalize(class_means.detach().double().cpu(), dim=1)
+    cost = -(means @ targets.double().cpu().T) * present.cpu()[:, None]
+    classes, chosen = linear_sum_assignment(cost.numpy())
+    out = np.empty(len(classes), dtype=np.int64)
+    out[classes] = chosen
+    return torch.from_numpy(out)
+
+
+def tsc_loss(features, labels, chosen, valid, targets, assignment, temperature=0.07, weight=1.0):
+    """Targeted supervised contrastive loss (TSC, Li et al., CVPR 2022), docs/FIELD.md, "TSC"::
+
+        rows i = 1..M (M = V*B unit projections, view-major); s_ia = z_i.a / tau; targets u_1..u_C (unit);
+        A(i): every row but i, and every target;  t(i) = u_{assignment[y_i]}: the target of i's class;
+        P(i) = O(i) + K(i): KCL's positives (i's other views and its drawn same-class rows);
+        l_i = log sum_{a in A(i)} exp(s_ia) - ( sum_{p in P(i)} s_ip + lambda * s_{i,t(i)} ) / ( |P(i)| + lambda )
+
+    mean over the ``M`` rows (with ``lambda = 0``, an anchor without a positive adds 0).
+
+    Shapes: ``features`` ``[B, V, D]``, ``labels`` ``[B]``, ``chosen``/``valid`` ``[M, k]`` (from
+    :func:`losses_field.kcl_positives`), ``targets`` ``[C, D]``, ``assignment`` ``[C]`` (long). Output: scalar
+    (float32, float64 for float64 input). One logsumexp over ``[M, M + C]``; no host synchronization.
+    """
+    z, bsz, n_views = flatten_views(features)
+    z = upcast(z)
+    labels = labels.reshape(-1).to(z.device, non_blocking=True)
+    targets = targets.to(z.device, z.dtype)
+    logits = z @ z.T / temperature
+    logits.diagonal().fill_(-math.inf)
+    target_logits = z @ targets.T / temperature                                          # [M, C]
+    log_denominator = torch.logsumexp(torch.cat([logits, target_logits], 1), dim=1)
+    own_dot, n_own = positive_dots(z, z, bsz, n_views)                                   # O(i)
+    chosen, valid = chosen.to(z.device, non_blocking=True), valid.to(z.device, non_blocking=True)
+    zero = torch.zeros((), dtype=z.dtype, device=z.device)
+    drawn = torch.where(valid, logits.gather(1, chosen), zero).sum(1)                    # K(i)
+    own_target = target_logits.gather(1, assignment.to(z.device)[labels].repeat(n_views)[:, None])[:, 0]
+    n_pos = n_own + valid.sum(1).to(z.dtype) + weight
+    has_pos = n_pos > 0
+    positive = (own_dot / temperature + drawn + weight * own_target) / torch.where(has_pos, n_pos, n_pos + 1)
+    return torch.where(has_pos, log_denominator - positive, zero).mean()
+
+
+class TSCLoss(KCLLoss):
+    """TSC (Li et al., CVPR 2022, "Targeted Supervised Contrastive Learning for Long-Tailed Recognition";
+    docs/FIELD.md, "TSC"): KCL's positives (drawn as :class:`losses_field.KCLLoss` draws them: seeded per call,
+    the call count in checkpoints) plus ``C`` fixed targets spread uniformly on the sphere
+    (:func:`uniform_targets`, seeded), all in every contrast set, each class's own target a positive. Each
+    epoch the targets are re-assigned to classes by a Hungarian matching to the class means of that epoch's
+    projections (:meth:`end_epoch`, :func:`assign_targets`); the first epoch uses target ``c`` for class ``c``.
+    Targets, assignment and the running class sums are buffers: saved in checkpoints, resumed exactly.
+
+    Args:
+        n_classes: ``C``; feat_dim: the projections' dimension.
+        k: KCL's drawn positives per anchor; temperature: ``tau``; weight: ``lambda`` of :func:`tsc_loss`.
+        seed: seeds the targets and the draws.
+
+    Statistics: ``tsc/target_cos``, the mean cosine between the rows and their class's target.
+    """
+
+    def __init__(self, n_classes, feat_dim, k=6, temperature=0.07, weight=1.0, seed=0):
+        super().__init__(k, temperature, seed)
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise ValueError(f'weight must be finite and >= 0, got {weight}')
+        self.weight = weight
+        self.register_buffer('targets', uniform_targets(n_classes, feat_dim, seed))
+        self.register_buffer('assignment', torch.arange(n_classes))
+        self.register_buffer('class_sums', torch.zeros(n_classes, feat_dim, dtype=torch.float64))
+        self.register_buffer('class_counts', torch.zeros(n_classes, dtype=torch.float64))
+
+    def forward(self, features, labels):
+        if features.dim() < 3:
+            flatten_views(features)                                                  # its error message
+        chosen, valid = kcl_positives(labels, features.shape[1], self.k, self.generator(self.calls))
+        self.calls += 1
+        with torch.no_grad():      # this epoch's class sums of the projections (a one-hot product: deterministic)
+            z, _, n_views = flatten_views(features.detach())
+            rows = labels.reshape(-1).to(z.device, non_blocking=True).repeat(n_views)
+            one_hot = (rows[:, None] == torch.arange(self.targets.shape[0], device=z.device)).double()
+            self.class_sums += one_hot.T @ z.double()
+            self.class_counts += one_hot.sum(0)
+            target_cos = (z.float() * self.targets[self.assignment[rows]]).sum(1).mean()
+        self.last_stats = {'target_cos': target_cos}
+        return tsc_loss(features, labels, chosen, valid, self.targets, self.assignment, self.temperature, self.weight)
+
+    def end_epoch(self):
+        """Re-assign the targets to the classes seen this epoch (Hungarian matching), then clear the sums."""
+        present = self.class_counts > 0
+        if bool(present.any()):
+            self.assignment.copy_(assign_targets(self.class_sums, present, self.targets))
+        self.class_sums.zero_()
+        self.class_counts.zero_()

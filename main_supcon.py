@@ -42,6 +42,7 @@ def main(argv=None):
         pre.ddp_model.train()
         hists.clear()
         metrics = train_loop(loader, optimizer, scaler, epoch, step, opt.method, schedule, opt.print_freq)
+        pre.criterion.end_epoch()
         prefix = pre.method.stats_prefix
         metrics.update({f'hist/{prefix}{name}': counts.cpu().clone() for name, counts in hists.items()})
         return metrics

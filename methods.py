@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from flags import UserError, call_hook, check
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_field import EpsSupInfoNCELoss, KCLLoss, SINCERELoss, SpreadLoss, SupDCLLoss
-from losses_proto import BCLLoss, PaCoLoss
+from losses_proto import BCLLoss, PaCoLoss, TSCLoss
 from losses_rascal import WEIGHTINGS, RASCALLoss
 
 
@@ -174,11 +174,17 @@ register(Method('RASCAL', _build_rascal, help='rank-agreement weighted SupCon (d
 
 
 # ---------------------------------------------------------------- the published variants (docs/FIELD.md)
+KCL_K = {'--kcl_k': dict(type=int, default=6,
+                         help='KCL/TSC: same-class positives drawn per anchor (default 6, the paper\'s k)')}
+
+
+def _check_kcl_k(kcl_k):
+    check(kcl_k >= 0, f'--kcl_k must be >= 0, got {kcl_k}')
+
+
 register(Method('KCL', lambda kcl_k, temp, seed: KCLLoss(kcl_k, temperature=temp, seed=seed),
                 help='K-positive contrastive (Kang et al. 2021): own view + k drawn same-class positives',
-                flags={'--kcl_k': dict(type=int, default=6,
-                                       help='KCL: same-class positives drawn per anchor (default 6, the paper\'s k)')},
-                check=lambda kcl_k: check(kcl_k >= 0, f'--kcl_k must be >= 0, got {kcl_k}'),
+                flags=KCL_K, check=_check_kcl_k,
                 run_name=lambda kcl_k, temp: (f'KCL_k_{kcl_k}', f'temp_{temp}')))
 register(Method('SINCERE', lambda temp: SINCERELoss(temperature=temp), takes_queue=True,
                 help='SINCERE (Feeney & Hughes): no same-class sample in a positive\'s denominator'))
@@ -255,3 +261,19 @@ for _name, _prior, _help in (
     _build, _run_name = _paco(_prior)
     register(Method(_name, _build, help=_help, takes_queue=True, uses_encoder_features=True, stats_prefix='paco/',
                     flags=PACO_FLAGS, check=_check_paco, run_name=_run_name))
+
+
+def _check_tsc(kcl_k, tsc_weight):
+    _check_kcl_k(kcl_k)
+    check(math.isfinite(tsc_weight) and tsc_weight >= 0, f'--tsc_weight must be finite and >= 0, got {tsc_weight}')
+
+
+register(Method('TSC', lambda class_counts, feat_dim, kcl_k, temp, tsc_weight, seed: TSCLoss(
+                    len(class_counts), feat_dim, kcl_k, temperature=temp, weight=tsc_weight, seed=seed),
+                help='targeted supervised contrastive (Li et al. 2022): KCL + class targets spread on the sphere, '
+                     'assigned to classes each epoch', stats_prefix='tsc/',
+                flags={**KCL_K, '--tsc_weight': dict(type=float, default=1.0,
+                                                     help='TSC: weight lambda of the own-class target among the '
+                                                          'positives (default 1.0)')},
+                check=_check_tsc,
+                run_name=lambda kcl_k, tsc_weight, temp: (f'TSC_k_{kcl_k}_w_{tsc_weight}', f'temp_{temp}')))

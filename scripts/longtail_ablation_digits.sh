@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The long-tail ablation on digits_lt (LDAM's exponential profile, --imb_factor 0.1: 142 ... 14 training images per
-# class; 0.01: 142 ... 1; the balanced test split): SupCon, one-stage CE + SupCon, BCL, PaCo, RASCAL and SupCon + CARROT
-# (pre-trained on the long-tailed split, then a linear classifier on it: main_linear.py), and CE, logit-adjusted CE
+# class; 0.01: 142 ... 1; the balanced test split): SupCon, one-stage CE + SupCon, BCL, PaCo, TSC, RASCAL and SupCon +
+# CARROT (pre-trained on the long-tailed split, then a linear classifier on it: main_linear.py), and CE, logit-adjusted CE
 # and balanced softmax (main_ce.py, end to end). Prints, per imbalance factor, overall test top-1 and many/medium/
 # few-shot accuracy (> 100, 20-100, < 20 training images) as mean +- std over seeds, with each method's paired
 # difference from SupCon and from logit-adjusted CE over seeds (compare.py --baseline); saves the tables under
 # save/longtail_ablation_digits/. The linear stage is plain cross-entropy on the long-tailed split for every
 # pre-trained encoder (docs/results.md says what that means for the comparison).
-# One (seed, factor) of one method takes about a minute of one core; the default (9 methods, 5 seeds, 2 factors:
-# 90 trainings) about 50 minutes on a 2-core CPU (two runs at a time, one thread each). JOBS=N runs N at a time,
+# One (seed, factor) of one method takes about a minute of one core; the default (10 methods, 5 seeds, 2 factors:
+# 100 trainings) about 55 minutes on a 2-core CPU (two runs at a time, one thread each). JOBS=N runs N at a time,
 # METHODS="..." picks methods (SupCon and LA-CE, the baselines, must be among them), KEEP_DONE=1 keeps the runs a
 # previous call finished.
 #   bash scripts/longtail_ablation_digits.sh [EPOCHS] [SEEDS] [FACTORS]     defaults: 15 "0 1 2 3 4" "0.1 0.01"
@@ -27,13 +27,14 @@ declare -A ARGS=(
     [CE+SupCon]="main_ce.py --supcon_weight 1 --temp 0.1"
     [BCL]="main_supcon.py --method BCL --temp 0.1"
     [PaCo]="main_supcon.py --method PaCo --temp 0.1 --queue_size 1024 --moco_m 0.99"
+    [TSC]="main_supcon.py --method TSC --temp 0.1"
     [RASCAL]="main_supcon.py --method RASCAL --temp 0.1"
     [SupCon+CARROT]="main_supcon.py --method SupCon --temp 0.1 --carrot"
     [CE]="main_ce.py"
     [LA-CE]="main_ce.py --loss logit_adjusted"
     [BSM]="main_ce.py --loss balanced_softmax"
 )
-METHODS="${METHODS:-SupCon CE+SupCon BCL PaCo RASCAL SupCon+CARROT CE LA-CE BSM}"
+METHODS="${METHODS:-SupCon CE+SupCon BCL PaCo TSC RASCAL SupCon+CARROT CE LA-CE BSM}"
 for method in $METHODS; do
     [ -n "${ARGS[$method]+x}" ] || { echo "unknown method $method (one of: ${!ARGS[*]})" >&2; exit 2; }
 done

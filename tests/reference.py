@@ -11,7 +11,8 @@ paper, with no vectorization to share bugs with the code under test; and one val
 - :func:`kcl`, :func:`sincere` (with a margin: epsilon-SupInfoNCE), :func:`supdcl`, :func:`spread`: the published
   variants of docs/FIELD.md.
 - :func:`logit_adjusted`: logit-adjusted cross-entropy and balanced softmax; :func:`bcl`: BCL's contrastive term;
-  :func:`paco`: PaCo's loss.
+  :func:`paco`: PaCo's loss; :func:`tsc`: TSC's
+  loss and :func:`best_assignment`, its matching by brute force.
 - :func:`assert_value_and_grad_close`: a loss against its oracle, in value and gradient.
 """
 import math
@@ -338,3 +339,33 @@ def paco(features, labels, class_logits, temperature, alpha, beta, gamma, queue=
         weight = sum(w for w, _ in terms)
         total = total + sum(w * (torch.log(denominator) - logit) for w, logit in terms) / weight
     return total / n_rows
+
+
+def tsc(features, labels, drawn, targets, assignment, temperature, weight):
+    """TSC: anchor ``i`` against every other row and every target; positives: its own other views and the rows
+    ``drawn[i]`` (weight 1 each) and its class's target ``targets[assignment[y_i]]`` (weight ``weight``);
+    weighted mean of the positives' ``log denominator - logit``, then mean over the rows (0 without a positive)."""
+    rows, n_rows = _field_rows(features, labels)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, si = rows[i]
+        logits = [zi @ rows[j][0] / temperature for j in range(n_rows) if j != i]
+        logits += [zi @ targets[c] / temperature for c in range(targets.shape[0])]
+        log_den = _logsumexp(logits)
+        terms = [(1.0, zi @ rows[p][0] / temperature) for p in range(n_rows) if p != i and rows[p][2] == si]
+        terms += [(1.0, zi @ rows[p][0] / temperature) for p in drawn[i]]
+        terms += [(weight, zi @ targets[int(assignment[yi])] / temperature)] if weight > 0 else []
+        if terms:
+            total = total + sum(w * (log_den - logit) for w, logit in terms) / sum(w for w, _ in terms)
+    return total / n_rows
+
+
+def best_assignment(class_means, present, targets):
+    """The class -> target permutation maximizing the summed cosine of the present classes' means with their
+    targets, by trying every permutation (small C only)."""
+    import itertools
+    means = F.normalize(class_means.double(), dim=1)
+    cos = means @ targets.double().T
+    best = max(itertools.permutations(range(targets.shape[0])),
+               key=lambda perm: sum(float(cos[c, t]) for c, t in enumerate(perm) if present[c]))
+    return torch.tensor(best)

@@ -1,4 +1,4 @@
-"""The suite's script server (tests/helpers.py, ``forked_run``): imports torch and the repo's scripts once, then
+"""The suite's script server (tests/helpers.py, ``start_script``): imports torch and the other libraries once, then
 forks one child per request, which runs a script as ``python <script> args`` would once its interpreter has
 started. This saves each end-to-end run an interpreter start and the torch import (several seconds on 2 cores).
 
@@ -12,16 +12,22 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[0] = ROOT
 
-import numpy  # noqa: E402,F401  (what the scripts import, once)
+# What the scripts import that is slow to import, once. Not the repo's own modules: their state at import (the
+# main process's pid, say) must be the script's own, as in a fresh interpreter.
+import numpy  # noqa: E402,F401
+import PIL.Image  # noqa: E402,F401
+import scipy.optimize  # noqa: E402,F401
+import scipy.stats  # noqa: E402,F401
 import sklearn.datasets  # noqa: E402,F401
+import sklearn.manifold  # noqa: E402,F401
 import sklearn.model_selection  # noqa: E402,F401
 import torch  # noqa: E402
-
-import analyze  # noqa: E402,F401
-import compare  # noqa: E402,F401
-import main_ce  # noqa: E402,F401
-import main_linear  # noqa: E402,F401
-import main_supcon  # noqa: E402,F401
+import torch.distributed  # noqa: E402,F401
+import torch.utils.tensorboard  # noqa: E402,F401
+import torchvision  # noqa: E402,F401
+import torchvision.datasets  # noqa: E402,F401
+import torchvision.transforms  # noqa: E402,F401
+import tqdm  # noqa: E402,F401
 
 
 def run_child(argv, env, out, err, sigint):

@@ -103,7 +103,7 @@ def test_losses_on_cuda_equal_cpu():
 
 
 # the published variants (docs/FIELD.md); BCL and PaCo with their own classifier (and BCL's prototypes)
-FIELD = [['--method', m] for m in ('KCL', 'SINCERE', 'EpsSupInfoNCE', 'SupDCL', 'Spread', 'BCL', 'PaCo')] + [
+FIELD = [['--method', m] for m in ('KCL', 'SINCERE', 'EpsSupInfoNCE', 'SupDCL', 'Spread', 'BCL', 'PaCo', 'TSC')] + [
     ['--method', 'GPaCo', '--queue_size', '64']]
 
 

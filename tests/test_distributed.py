@@ -44,6 +44,7 @@ CASES = {
     'Spread-queue': ['--method', 'Spread', '--queue_size', '64', '--moco_m', '0'],
     'BCL+CARROT': ['--method', 'BCL', '--carrot'],
     'PaCo-queue': ['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0.9', '--paco_alpha', '0.3'],
+    'TSC+CARROT': ['--method', 'TSC', '--kcl_k', '2', '--carrot'],
 }
 
 

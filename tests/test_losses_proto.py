@@ -1,12 +1,14 @@
-"""losses_proto.py (BCL, PaCo) against the per-row loop of tests/reference.py (values and gradients, float64, for the
-features and the prototypes), on random batches and on hand-built edge cases; the whole BCLLoss against its parts."""
+"""losses_proto.py (BCL, PaCo, TSC) against the per-row loops of tests/reference.py (values and gradients, float64,
+for the features, prototypes and class logits), on random batches and on hand-built edge cases; each loss module
+against its parts; TSC's targets and its matching (against brute force)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import reference
 from helpers import LOSS_CASES, loss_case, loss_queue, unit
-from losses_proto import BCLLoss, PaCoLoss, bcl_loss, paco_loss
+from losses_field import kcl_positives
+from losses_proto import BCLLoss, PaCoLoss, TSCLoss, assign_targets, bcl_loss, paco_loss, tsc_loss, uniform_targets
 
 TAU = 0.5
 N_CLASSES = 10
@@ -119,3 +121,78 @@ def test_paco_loss_module_adds_the_prior_and_trains_its_classifier(prior):
     for bad in (dict(beta=0.0), dict(alpha=-1.0), dict(gamma=float('inf')), dict(temperature=0.0)):
         with pytest.raises(ValueError):
             PaCoLoss(counts, 8, **bad)
+
+
+# ---------------------------------------------------------------- TSC
+def drawn_lists(chosen, valid):
+    return [[int(c) for c, ok in zip(row, oks) if ok] for row, oks in zip(chosen, valid)]
+
+
+@pytest.mark.parametrize('name', list(CASES))
+@pytest.mark.parametrize('k', [0, 2])
+@pytest.mark.parametrize('weight', [0.0, 1.0, 2.5])
+def test_tsc_matches_the_loop(name, k, weight):
+    feats, labels = loss_case(name)
+    chosen, valid = kcl_positives(labels, feats.shape[1], k, torch.Generator().manual_seed(1))
+    targets = unit(N_CLASSES, 6, seed=9)
+    assignment = torch.randperm(N_CLASSES, generator=torch.Generator().manual_seed(3))
+    args = (targets, assignment, TAU, weight)
+    reference.assert_value_and_grad_close(lambda f: tsc_loss(f, labels, chosen, valid, *args),
+                                          lambda f: reference.tsc(f, labels, drawn_lists(chosen, valid), *args),
+                                          feats)
+
+
+@pytest.mark.parametrize('n_classes, dim', [(2, 4), (5, 8), (10, 16), (3, 2), (4, 3), (12, 3)])
+def test_targets_are_a_regular_simplex_and_seeded(n_classes, dim):
+    """With C <= D + 1 the targets are the regular simplex (every pair at cosine -1/(C-1)); beyond it (12 points on
+    the 2-sphere) the optimization finds the icosahedron (nearest pairs at cosine 1/sqrt(5)); a seed gives the
+    same targets, another seed others."""
+    u = uniform_targets(n_classes, dim, seed=4)
+    cos = (u @ u.T)[~torch.eye(n_classes, dtype=torch.bool)]
+    if n_classes <= dim + 1:
+        torch.testing.assert_close(cos, torch.full_like(cos, -1 / (n_classes - 1)), atol=1e-5, rtol=0)
+    else:
+        assert float(cos.max()) < 1 / 5 ** 0.5 + 1e-3
+    torch.testing.assert_close(u.norm(dim=1), torch.ones(n_classes))
+    assert torch.equal(u, uniform_targets(n_classes, dim, seed=4))
+    assert not torch.equal(u, uniform_targets(n_classes, dim, seed=5))
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_the_assignment_is_the_best_matching(seed):
+    """Hungarian matching = the best permutation by brute force (5 classes, one absent); power: the identity is
+    not always the best."""
+    g = torch.Generator().manual_seed(seed)
+    means, targets = torch.randn(5, 6, generator=g, dtype=torch.float64), unit(5, 6, seed=seed)
+    present = torch.tensor([True, True, False, True, True])
+    got = assign_targets(means, present, targets)
+    want = reference.best_assignment(means, present, targets)
+    cos = F.normalize(means, dim=1) @ targets.double().T
+    score = lambda perm: sum(float(cos[c, t]) for c in range(5) if present[c] for t in [int(perm[c])])
+    assert sorted(got.tolist()) == list(range(5)) and score(got) == pytest.approx(score(want))
+    assert score(got) >= score(torch.arange(5)) - 1e-12
+
+
+def test_tsc_module_sums_classes_reassigns_each_epoch_and_resumes():
+    """TSCLoss = tsc_loss with its targets and assignment; it sums each class's projections over an epoch,
+    end_epoch() re-assigns (the best matching of those means) and clears the sums; its state (targets,
+    assignment, sums, draw count) round-trips through state_dict."""
+    loss = TSCLoss(N_CLASSES, 16, k=2, temperature=TAU, weight=1.0, seed=3).double()
+    feats, labels = loss_case('random', d=16)
+    got = loss(feats, labels)
+    chosen, valid = kcl_positives(labels, 2, 2, loss.generator(0))
+    torch.testing.assert_close(got, tsc_loss(feats, labels, chosen, valid, loss.targets, loss.assignment, TAU, 1.0))
+    rows = labels.repeat(2)
+    z = feats.transpose(0, 1).reshape(-1, 16)
+    for c in range(N_CLASSES):
+        torch.testing.assert_close(loss.class_sums[c], z[rows == c].sum(0) if (rows == c).any() else
+                                   torch.zeros(16, dtype=torch.float64))
+    clone = TSCLoss(N_CLASSES, 16, k=2, temperature=TAU, seed=99).double()
+    clone.load_state_dict(loss.state_dict())
+    assert torch.equal(clone.targets, loss.targets) and clone.calls == 1
+    want = assign_targets(loss.class_sums, loss.class_counts > 0, loss.targets)
+    loss.end_epoch()
+    assert torch.equal(loss.assignment, want) and not loss.class_sums.any() and not loss.class_counts.any()
+    assert 'target_cos' in loss.last_stats
+    with pytest.raises(ValueError):
+        TSCLoss(N_CLASSES, 16, weight=-1.0)

@@ -147,6 +147,7 @@ FIELD = {   # method -> flags: each with one of the features its definition allo
     'Spread': ['--spread_alpha', 0.3, '--queue_size', 256],
     'BCL': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--chunk_size', 40, '--carrot'],   # parameters of its own
     'PaCo': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--queue_size', 256, '--moco_m', 0.9, '--chunk_size', 40],
+    'TSC': ['--kcl_k', 3, '--carrot'],      # targets re-assigned each epoch: the assignment is resumed too
 }
 
 
@@ -175,8 +176,11 @@ def test_field_method_trains_resumes_exactly_and_evaluates(method, tmp_path):
     for part, state in want['extra'].items():      # the loss's own state: BCL's classifier, KCL's draw count
         assert all(torch.equal(got['extra'][part][k], v) if torch.is_tensor(v) else got['extra'][part][k] == v
                    for k, v in state.items()), part
-    if method == 'KCL':
+    if method in ('KCL', 'TSC'):
         assert got['extra']['criterion']['_extra_state'] == want['extra']['criterion']['_extra_state'] == {'calls': 12}
+    if method == 'TSC':       # the sums are cleared at each epoch's end, after the matching
+        assert sorted(want['extra']['criterion']['assignment'].tolist()) == list(range(10))
+        assert not want['extra']['criterion']['class_counts'].any() and 'train/tsc/target_cos' in rows[0]
     if method in ('BCL', 'PaCo'):      # its classifier is trained, saved and resumed
         assert 'classifier.weight' in want['extra']['criterion']
         assert {'BCL': 'train/bcl/ce', 'PaCo': 'train/paco/class_acc'}[method] in rows[0]
@@ -194,7 +198,9 @@ def test_field_method_errors():
                         (['--method', 'BCL', '--bcl_weight', -1], '--bcl_ce_weight and --bcl_weight must be >= 0'),
                         (['--method', 'BCL', '--queue_size', 64], '--queue_size is not defined for --method BCL'),
                         (['--method', 'PaCo', '--paco_beta', 0], '--paco_beta > 0'),
-                        (['--method', 'SupCon', '--paco_alpha', 0.1], '--paco_alpha needs --method PaCo or GPaCo')]:
+                        (['--method', 'SupCon', '--paco_alpha', 0.1], '--paco_alpha needs --method PaCo or GPaCo'),
+                        (['--method', 'TSC', '--tsc_weight', -1], '--tsc_weight must be finite and >= 0'),
+                        (['--method', 'TSC', '--queue_size', 64], '--queue_size is not defined for --method TSC')]:
         assert_one_line_error(run_in_process('main_supcon.py', *args), words)
 
 

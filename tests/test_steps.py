@@ -27,6 +27,7 @@ CASES = {
     'BCL+CARROT': ['--method', 'BCL', '--carrot', '--carrot_alpha_max', 'inf'],
     'PaCo-queue': ['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0', '--paco_alpha', '0.3'],
     'GPaCo+CARROT': ['--method', 'GPaCo', '--carrot', '--carrot_alpha_max', 'inf'],
+    'TSC': ['--method', 'TSC', '--kcl_k', '2'],
 }
 
 

@@ -29,6 +29,7 @@ MODES = {
     'Spread queue': ['--method', 'Spread', '--queue_size', '64'],
     'BCL + CARROT': ['--method', 'BCL', '--carrot'],
     'PaCo queue + CARROT': ['--method', 'PaCo', '--queue_size', '64', '--carrot'],
+    'TSC + CARROT': ['--method', 'TSC', '--carrot'],
 }
 
 
