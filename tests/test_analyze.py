@@ -41,7 +41,7 @@ def test_analyze_checks_out_first_and_skips_tsne_on_two_images(tmp_path):
     """Issue 33, cases 13 and 14: ``--out`` that cannot be written is one line before any work (the checkpoint
     does not even exist here); a run whose val/ has 2 images gets every part but the t-SNE map, with a line
     saying why."""
-    from helpers import FAST, assert_one_line_error, make_image_folder, only_run_folder, run_in_process
+    from helpers import FAST_FILES, assert_one_line_error, make_image_folder, only_run_folder, run_in_process
     assert_one_line_error(run_in_process('analyze.py', '--ckpt', tmp_path / 'none.pth', '--out', '/proc/no_such/a'),
                           'cannot write to /proc/no_such/a', '--out')
     data = make_image_folder(tmp_path / 'imgs', classes=('a', 'b'))
@@ -50,7 +50,7 @@ def test_analyze_checks_out_first_and_skips_tsne_on_two_images(tmp_path):
             if f != keep:
                 os.remove(data / 'val' / c / f)
     run_script('main_supcon.py', '--dataset', 'path', '--data_folder', data, '--mean', 0.5, '--std', 0.25, '--size', 12,
-               '--model', 'resnet_tiny', '--epochs', 1, *FAST, '--save_folder', tmp_path / 'pre')
+               '--model', 'resnet_tiny', '--epochs', 1, *FAST_FILES, '--save_folder', tmp_path / 'pre')
     proc = run_in_process('analyze.py', '--ckpt', os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth'),
                           '--out', tmp_path / 'a')
     assert proc.returncode == 0, proc.stderr

@@ -6,7 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from helpers import FAST, assert_one_line_error, make_fake_cifar, make_image_folder, only_run_folder, run_script
+from helpers import (
+    FAST,
+    FAST_FILES,
+    assert_one_line_error,
+    make_fake_cifar,
+    make_image_folder,
+    only_run_folder,
+    run_script,
+)
 
 
 def _opt(tmp_path, dataset, **kw):
@@ -64,7 +72,7 @@ def test_fake_cifar10_and_cifar100(tmp_path):
 def test_image_folder_all_three_scripts(tmp_path):
     data = make_image_folder(tmp_path / 'imgs')
     common = ['--dataset', 'path', '--data_folder', data, '--mean', '(0.5, 0.5, 0.5)', '--std', '0.25',
-              '--size', 12, '--model', 'resnet_tiny', '--epochs', 1, *FAST]
+              '--size', 12, '--model', 'resnet_tiny', '--epochs', 1, *FAST_FILES]
     run_script('main_supcon.py', *common, '--save_folder', tmp_path / 'pre')
     run_script('main_ce.py', *common, '--save_folder', tmp_path / 'ce')
     ckpt = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
@@ -76,7 +84,7 @@ def test_image_folder_with_mismatched_classes(tmp_path):
     data = make_image_folder(tmp_path / 'imgs')
     os.rename(data / 'val' / 'c', data / 'val' / 'd')
     proc = run_script('main_ce.py', '--dataset', 'path', '--data_folder', data, '--mean', '0.5', '--std', '0.5',
-                      '--model', 'resnet_tiny', '--save_folder', tmp_path, *FAST, check=False)
+                      '--model', 'resnet_tiny', '--save_folder', tmp_path, *FAST_FILES, check=False)
     assert_one_line_error(proc, 'class folders')
 
 
@@ -137,14 +145,14 @@ def test_one_class_and_held_out_splits_that_cannot_hold_every_class(tmp_path, ti
     from helpers import run_in_process
     one = make_image_folder(tmp_path / 'one', classes=('only',))
     common = ['--dataset', 'path', '--data_folder', one, '--mean', '0.5', '--std', '0.25', '--size', 12,
-              '--model', 'resnet_tiny', '--epochs', 1, *FAST]
+              '--model', 'resnet_tiny', '--epochs', 1, *FAST_FILES]
     assert_one_line_error(run_in_process('main_ce.py', *common, '--save_folder', tmp_path / 'ce'),
                           'has 1 class (only)', 'at least 2')
     assert_one_line_error(run_in_process('main_supcon.py', *common, '--label_noise', 0.2, '--save_folder',
                                          tmp_path / 'noisy'), '--label_noise needs at least 2 classes')
     run_script('main_supcon.py', *common, '--method', 'SimCLR', '--save_folder', tmp_path / 'pre')
     ckpt = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
-    lin = [*common[:4], '--ckpt', ckpt, '--epochs', 1, *FAST, '--save_folder', tmp_path / 'lin']
+    lin = [*common[:4], '--ckpt', ckpt, '--epochs', 1, *FAST_FILES, '--save_folder', tmp_path / 'lin']
     assert_one_line_error(run_in_process('main_linear.py', *lin), 'has 1 class (only)')
     assert_one_line_error(run_in_process('main_linear.py', *lin, '--shots', 1), 'a few-shot probe needs at least 2')
     digits = ['--ckpt', tiny_ckpt, '--epochs', 1, *FAST, '--save_folder', tmp_path / 'val']
@@ -199,7 +207,7 @@ def test_a_sixteen_bit_image_folder_trains_and_a_float_image_is_named(tmp_path):
                 Image.fromarray(rng.integers(0, 65536, (12, 12), dtype=np.uint16)).save(
                     tmp_path / 'imgs' / split / c / f'{i}.png')
     common = ['--dataset', 'path', '--data_folder', tmp_path / 'imgs', '--mean', 0.5, '--std', 0.25, '--size', 12,
-              '--model', 'resnet_tiny', '--epochs', 1, *FAST]
+              '--model', 'resnet_tiny', '--epochs', 1, *FAST_FILES]
     run_script('main_ce.py', *common, '--save_folder', tmp_path / 'ce')
     Image.fromarray(np.ones((12, 12), np.float32), 'F').save(tmp_path / 'imgs' / 'train' / 'a' / 'float.tif')
     assert_one_line_error(run_in_process('main_ce.py', *common, '--save_folder', tmp_path / 'ce2'),

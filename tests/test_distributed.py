@@ -183,7 +183,9 @@ def torchrun(script, *args, check=True):
 @pytest.mark.slow
 @pytest.mark.parametrize('method', ['SupCon', 'RASCAL'])
 def test_torchrun_supcon_then_linear(tmp_path, method):
-    out = torchrun('main_supcon.py', '--dataset', 'digits', '--method', method, '--epochs', 1,
+    # 8 px; SupCon augments on the device (three torchrun calls), RASCAL in the DataLoader's workers
+    small = ['--size', 8, *(['--augment', 'device'] if method == 'SupCon' else [])]
+    out = torchrun('main_supcon.py', '--dataset', 'digits', '--method', method, '--epochs', 1, *small,
                    '--batch_size', 128, '--num_workers', 0, '--print_freq', 1000, '--save_folder', tmp_path / 'pre')
     assert out.stdout.count('epoch 1/1') == 1          # rank 0 alone prints
     run = only_run_folder(tmp_path / 'pre')
@@ -194,13 +196,13 @@ def test_torchrun_supcon_then_linear(tmp_path, method):
     if method == 'RASCAL':   # every sample seen once: the whole cache is filled
         assert bool(ckpt['extra']['criterion']['cache_valid'].all())
     else:                    # --resume under torchrun continues the run
-        out = torchrun('main_supcon.py', '--dataset', 'digits', '--epochs', 2, '--batch_size', 128,
+        out = torchrun('main_supcon.py', '--dataset', 'digits', '--epochs', 2, '--batch_size', 128, *small,
                        '--num_workers', 0, '--print_freq', 1000, '--resume', os.path.join(run, 'last.pth'))
         assert 'resumed from' in out.stdout and out.stdout.count('epoch 2/2') == 1
         assert [r['epoch'] for r in read_metrics(run)] == ['1', '2']
         assert load(os.path.join(run, 'last.pth'))['epoch'] == 2
         torchrun('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--epochs', 1, '--batch_size', 128,
-                 '--num_workers', 0, '--learning_rate', 1, '--save_folder', tmp_path / 'lin')
+                 '--num_workers', 0, '--learning_rate', 1, '--augment', 'device', '--save_folder', tmp_path / 'lin')
         results = json.load(open(os.path.join(only_run_folder(tmp_path / 'lin'), 'results.json')))
         assert 10 < results['final_test_acc'] <= 100      # linear evaluation under torchrun (once is enough)
 

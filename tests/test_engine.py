@@ -65,8 +65,8 @@ def test_contradicting_resume_is_refused_and_leaves_the_run_untouched(shared_run
     assert_one_line_error(proc, '--method', "'RASCAL', now 'SupCon'", '--temp', '0.07', '0.1')
     assert _digest(last) == before and sorted(os.listdir(os.path.dirname(last))).count('last.pth') == 1
     # flags that do not change the experiment may differ: a longer --epochs extends the run
-    out = run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 3, '--resume', last, '--print_freq', 5,
-                     '--save_freq', 7, '--num_workers', 0, '--batch_size', 128)
+    out = run_script('main_supcon.py', '--method', 'RASCAL', '--epochs', 3, '--resume', last, *FAST, '--print_freq', 5,
+                     '--save_freq', 7)
     assert f'run folder: {os.path.dirname(last)}' in out.stdout and load(last)['epoch'] == 3
 
 
@@ -305,8 +305,8 @@ def test_the_seed_names_the_run_and_a_folder_refuses_another_experiment(tmp_path
 
     def opt_of(*args):
         return parse_option('supcon', list(map(str, [*SMALL, '--save_folder', tmp_path, *args])))
-    assert opt_of('--seed', 2).run_folder.endswith('trial_0_seed_2')
-    assert opt_of().run_folder.endswith('trial_0')
+    assert opt_of('--seed', 2).run_folder.endswith('trial_0_devaug_seed_2')      # SMALL: --augment device
+    assert opt_of().run_folder.endswith('trial_0_devaug')
     first = opt_of()
     first.rank = 0
     prepare_run_folder(first)          # an attempt interrupted in its first epoch: TensorBoard, no checkpoint
@@ -357,7 +357,8 @@ def test_a_long_trial_fits_at_both_stages(tmp_path):
     trial = 't' * 240
     run_script('main_supcon.py', *SMALL, '--trial', trial, '--save_folder', tmp_path / 'pre')
     pre = only_run_folder(tmp_path / 'pre')
-    assert len(os.path.basename(pre)) == 255 and json_of(os.path.join(pre, 'run.json'))['run_name'].endswith(trial)
+    assert len(os.path.basename(pre)) == 255 and json_of(os.path.join(pre, 'run.json'))['run_name'].endswith(
+        f'{trial}_devaug')
     run_script('main_linear.py', '--ckpt', os.path.join(pre, 'last.pth'), '--epochs', 1, *FAST,
                '--save_folder', tmp_path / 'lin')
     assert len(os.path.basename(only_run_folder(tmp_path / 'lin'))) == 255

@@ -5,9 +5,18 @@ import json
 import os
 
 import pytest
-from conftest import CHUNKED, QUEUED
+from conftest import CHUNKED, QUEUED, SMALL_DATA
 
-from helpers import FAST, assert_one_line_error, load, only_run_folder, read_metrics, run_in_process, run_script
+from helpers import (
+    CPU_AUGMENT,
+    FAST,
+    assert_one_line_error,
+    load,
+    only_run_folder,
+    read_metrics,
+    run_in_process,
+    run_script,
+)
 
 pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
 
@@ -54,7 +63,7 @@ def test_linear_reads_the_checkpoints_of_every_mode(shared_run, name):
 def test_simclr_bf16_channels_last_linear_head(tmp_path):
     run_script('main_supcon.py', '--method', 'SimCLR', '--epochs', 1, '--amp', 'bf16', '--channels_last',
                '--temp', 0.5, '--head', 'linear', '--feat_dim', 32, '--save_freq', 1, '--trial', 7, '--cosine',
-               '--warm', '--save_folder', tmp_path, *FAST)
+               '--warm', '--save_folder', tmp_path, *FAST, *CPU_AUGMENT)
     run = only_run_folder(tmp_path)
     assert 'SimCLR_digits' in run and run.endswith('trial_7_cosine_warm_bf16')
     assert os.path.exists(os.path.join(run, 'ckpt_epoch_1.pth'))
@@ -206,9 +215,9 @@ def test_field_method_errors():
 
 # ---------------------------------------------------------------- gradient caching end to end
 @pytest.mark.parametrize('script,args', [
-    ('main_supcon.py', ['--method', 'SimCLR', '--simclr_loss', 'ntlogistic', '--amp', 'bf16']),
+    ('main_supcon.py', ['--method', 'SimCLR', '--simclr_loss', 'ntlogistic', '--amp', 'bf16', *SMALL_DATA]),
     ('main_supcon.py', ['--method', 'RASCAL', '--rascal_weighting', 'current', '--carrot']),
-    ('main_ce.py', ['--carrot', '--amp', 'fp16']),
+    ('main_ce.py', ['--carrot', '--amp', 'fp16', *SMALL_DATA]),
 ])
 def test_chunked_methods_train(tmp_path, script, args):
     run_script(script, *args, '--epochs', 1, '--save_folder', tmp_path, *CHUNKED)
