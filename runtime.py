@@ -121,7 +121,8 @@ def resolve_device(name):
 
 def keep_freed_memory():
     """Have glibc keep freed memory for reuse instead of handing it back to the OS (a no-op elsewhere). By default
-    glibc serves each block over 128 KB from a fresh ``mmap`` and trims freed heap tops over 128 KB, so work that
+    glibc serves blocks over 128 KB from a fresh ``mmap`` (a threshold it may raise as blocks are freed, by an
+    amount that varies between runs) and trims freed heap tops over 128 KB, so work that
     allocates such temporaries at every operation (the batched augmentation of ``--augment device`` on a CPU,
     a CPU training step) pays a page fault per 4 KB page at each use: on a 2-core machine a third of the time
     of ``augment.BatchAugment``. Blocks up to 32 MB now come from the heap and up to 256 MB of freed heap stays

@@ -7,7 +7,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import torch  # noqa: E402
+
 from helpers import CPU_AUGMENT, FAST, only_run_folder, run_script  # noqa: E402  (needs ROOT on the path)
+
+# One thread per pytest-xdist worker, as its scripts have (helpers.script_env): two workers of two threads each on
+# two cores made OpenMP's waiting threads spin against each other (a 0.2 s step took 6 s).
+if 'PYTEST_XDIST_WORKER' in os.environ:
+    torch.set_num_threads(1)
 
 # Under pytest-xdist (scripts/test.sh runs ``-n auto --dist loadgroup``) each worker has its own session: the tests
 # that read one of the runs below carry ``@pytest.mark.xdist_group(<run>)`` ('tiny', 'coarse', or a SHARED_RUNS
