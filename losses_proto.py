@@ -281,8 +281,8 @@ class TSCLoss(KCLLoss):
         self.weight = weight
         self.register_buffer('targets', uniform_targets(n_classes, feat_dim, seed))
         self.register_buffer('assignment', torch.arange(n_classes))
-        self.register_buffer('class_sums', torch.zeros(n_classes, feat_dim, dtype=torch.float64))
-        self.register_buffer('class_counts', torch.zeros(n_classes, dtype=torch.float64))
+        self.register_buffer('class_sums', torch.zeros(n_classes, feat_dim))     # float32: any device has it
+        self.register_buffer('class_counts', torch.zeros(n_classes))
 
     def forward(self, features, labels):
         if features.dim() < 3:
@@ -290,12 +290,12 @@ class TSCLoss(KCLLoss):
         chosen, valid = kcl_positives(labels, features.shape[1], self.k, self.generator(self.calls))
         self.calls += 1
         with torch.no_grad():      # this epoch's class sums of the projections (a one-hot product: deterministic)
-            z, _, n_views = flatten_views(features.detach())
+            z, _, n_views = flatten_views(features.detach().float())
             rows = labels.reshape(-1).to(z.device, non_blocking=True).repeat(n_views)
-            one_hot = (rows[:, None] == torch.arange(self.targets.shape[0], device=z.device)).double()
-            self.class_sums += one_hot.T @ z.double()
+            one_hot = (rows[:, None] == torch.arange(self.targets.shape[0], device=z.device)).float()
+            self.class_sums += one_hot.T @ z
             self.class_counts += one_hot.sum(0)
-            target_cos = (z.float() * self.targets[self.assignment[rows]]).sum(1).mean()
+            target_cos = (z * self.targets[self.assignment[rows]]).sum(1).mean()
         self.last_stats = {'target_cos': target_cos}
         return tsc_loss(features, labels, chosen, valid, self.targets, self.assignment, self.temperature, self.weight)
 

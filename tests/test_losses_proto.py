@@ -177,7 +177,7 @@ def test_tsc_module_sums_classes_reassigns_each_epoch_and_resumes():
     """TSCLoss = tsc_loss with its targets and assignment; it sums each class's projections over an epoch,
     end_epoch() re-assigns (the best matching of those means) and clears the sums; its state (targets,
     assignment, sums, draw count) round-trips through state_dict."""
-    loss = TSCLoss(N_CLASSES, 16, k=2, temperature=TAU, weight=1.0, seed=3).double()
+    loss = TSCLoss(N_CLASSES, 16, k=2, temperature=TAU, weight=1.0, seed=3)
     feats, labels = loss_case('random', d=16)
     got = loss(feats, labels)
     chosen, valid = kcl_positives(labels, 2, 2, loss.generator(0))
@@ -185,14 +185,20 @@ def test_tsc_module_sums_classes_reassigns_each_epoch_and_resumes():
     rows = labels.repeat(2)
     z = feats.transpose(0, 1).reshape(-1, 16)
     for c in range(N_CLASSES):
-        torch.testing.assert_close(loss.class_sums[c], z[rows == c].sum(0) if (rows == c).any() else
-                                   torch.zeros(16, dtype=torch.float64))
-    clone = TSCLoss(N_CLASSES, 16, k=2, temperature=TAU, seed=99).double()
+        torch.testing.assert_close(loss.class_sums[c], (z[rows == c].sum(0) if (rows == c).any() else
+                                   torch.zeros(16, dtype=torch.float64)).float())
+    clone = TSCLoss(N_CLASSES, 16, k=2, temperature=TAU, seed=99)
     clone.load_state_dict(loss.state_dict())
     assert torch.equal(clone.targets, loss.targets) and clone.calls == 1
     want = assign_targets(loss.class_sums, loss.class_counts > 0, loss.targets)
     loss.end_epoch()
     assert torch.equal(loss.assignment, want) and not loss.class_sums.any() and not loss.class_counts.any()
+    perm = torch.randperm(N_CLASSES, generator=torch.Generator().manual_seed(1))      # power: means on targets
+    assert not torch.equal(perm, torch.arange(N_CLASSES))
+    loss.class_sums.copy_(3 * loss.targets[perm])
+    loss.class_counts.fill_(3)
+    loss.end_epoch()
+    assert torch.equal(loss.assignment, perm)
     assert 'target_cos' in loss.last_stats
     with pytest.raises(ValueError):
         TSCLoss(N_CLASSES, 16, weight=-1.0)
