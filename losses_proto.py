@@ -7,6 +7,7 @@ in checkpoints (its ``state_dict``) and passes it the global batch's encoder fea
 ``--chunk_size`` (gradient caching calls the loss once, on the whole batch's features) and equal on every torchrun
 process (the loss sees the gathered batch, so no gradient of its own needs averaging).
 """
+import functools
 import math
 
 import numpy as np
@@ -17,6 +18,17 @@ from losses import LogitAdjustedLoss, Loss, flatten_views, positive_dots, upcast
 from losses_field import KCLLoss, kcl_positives
 
 
+def float32_under_autocast(loss):
+    """Run a functional loss with autocast off: computed in float32 (float64 for float64 input) whatever the
+    caller's autocast region, as every loss of the project."""
+    @functools.wraps(loss)
+    def wrapped(features, *args, **kwargs):
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            return loss(features, *args, **kwargs)
+    return wrapped
+
+
+@float32_under_autocast
 def bcl_loss(features, labels, prototypes, temperature=0.1):
     """The balanced contrastive term of BCL (Zhu et al., CVPR 2022), docs/FIELD.md, "BCL"::
 
@@ -102,6 +114,7 @@ class BCLLoss(Loss):
         return self.ce_weight * ce + self.bcl_weight * contrastive
 
 
+@float32_under_autocast
 def paco_loss(features, labels, class_logits, temperature=0.05, alpha=0.01, beta=1.0, gamma=1.0, queue=None):
     """Parametric contrastive loss (PaCo, Cui et al., ICCV 2021), docs/FIELD.md, "PaCo"::
 
@@ -224,6 +237,7 @@ def assign_targets(class_means, present, targets):
     return torch.from_numpy(out)
 
 
+@float32_under_autocast
 def tsc_loss(features, labels, chosen, valid, targets, assignment, temperature=0.07, weight=1.0):
     """Targeted supervised contrastive loss (TSC, Li et al., CVPR 2022), docs/FIELD.md, "TSC"::
 

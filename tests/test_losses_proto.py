@@ -202,3 +202,18 @@ def test_tsc_module_sums_classes_reassigns_each_epoch_and_resumes():
     assert 'target_cos' in loss.last_stats
     with pytest.raises(ValueError):
         TSCLoss(N_CLASSES, 16, weight=-1.0)
+
+
+def test_the_terms_are_float32_under_autocast():
+    """bcl_loss, paco_loss and tsc_loss give their float32 value inside a bfloat16 autocast region."""
+    feats, labels = loss_case('random', d=16)
+    feats = feats.float()
+    protos, logits = unit(N_CLASSES, 16, seed=4).float(), torch.randn(24, N_CLASSES)
+    chosen, valid = kcl_positives(labels, 2, 2, torch.Generator().manual_seed(0))
+    calls = [lambda: bcl_loss(feats, labels, protos, TAU), lambda: paco_loss(feats, labels, logits, TAU),
+             lambda: tsc_loss(feats, labels, chosen, valid, protos, torch.arange(N_CLASSES), TAU)]
+    for call in calls:
+        plain = call()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            under = call()
+        assert under.dtype == torch.float32 and torch.equal(under, plain)
