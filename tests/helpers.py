@@ -34,7 +34,12 @@ def run_script(script, *args, check=True, timeout=600):
     """Run ``python <script> args`` in the repo root; returns a ``CompletedProcess`` (``returncode``, ``stdout``,
     ``stderr``). The script runs in a process of its own (:func:`start_script`)."""
     proc = start_script(script, args)
-    out, err = proc.communicate(timeout=timeout)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)        # a Popen's child outlives its timeout otherwise
+        proc.communicate()
+        raise
     if check and proc.returncode != 0:
         raise AssertionError(f'{script} failed ({proc.returncode}):\n{out[-3000:]}\n{err[-3000:]}')
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -66,18 +71,19 @@ class ForkedScript:
     def __init__(self, argv, env, sigint):
         import json
         import tempfile
-        if ForkedScript.running is not None and ForkedScript.running.poll() is None:
-            ForkedScript.running.send_signal(signal.SIGKILL)
-            ForkedScript.running.poll(None)
-        if ForkedScript.server is None or ForkedScript.server.poll() is not None:
+        if ForkedScript.server is None or ForkedScript.server.poll() is not None:     # none yet, or it died
             ForkedScript.server = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'script_server.py')],
                                                    cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                                                    env=env)
-        self.args, self.returncode = [sys.executable, *argv], None
+            ForkedScript.running = None
+        elif ForkedScript.running is not None and ForkedScript.running.poll() is None:
+            ForkedScript.running.send_signal(signal.SIGKILL)
+            ForkedScript.running.poll(None)
+        self.server, self.args, self.returncode = ForkedScript.server, [sys.executable, *argv], None
         self.folder = tempfile.TemporaryDirectory()
         self.out, self.err = (os.path.join(self.folder.name, name) for name in ('stdout', 'stderr'))
         request = {'argv': argv, 'env': env, 'out': self.out, 'err': self.err, 'sigint': sigint}
-        ForkedScript.server.stdin.write((json.dumps(request) + '\n').encode())
+        self.server.stdin.write((json.dumps(request) + '\n').encode())
         self.pid = int(self._line())
         ForkedScript.running = self
 
@@ -85,7 +91,7 @@ class ForkedScript:
         """One line of the server's answer, byte by byte (nothing read ahead, so ``select`` sees the next)."""
         line = b''
         while not line.endswith(b'\n'):
-            byte = ForkedScript.server.stdout.read(1)
+            byte = self.server.stdout.read(1)
             if not byte:
                 raise RuntimeError('the script server (tests/script_server.py) has ended')
             line += byte
@@ -93,7 +99,7 @@ class ForkedScript:
 
     def poll(self, timeout=0):
         import select
-        if self.returncode is None and select.select([ForkedScript.server.stdout], [], [], timeout)[0]:
+        if self.returncode is None and select.select([self.server.stdout], [], [], timeout)[0]:
             self.returncode = int(self._line())
         return self.returncode
 
@@ -102,14 +108,23 @@ class ForkedScript:
             os.kill(self.pid, signum)
 
     def communicate(self, timeout=None):
-        if self.poll(timeout) is None:
-            self.send_signal(signal.SIGKILL)
-            self.poll(None)
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        with open(self.out, errors='replace') as out, open(self.err, errors='replace') as err:
-            result = out.read(), err.read()
-        self.folder.cleanup()
-        return result
+        try:
+            if self.poll(timeout) is None:
+                self.send_signal(signal.SIGKILL)
+                self.poll(None)
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            return tuple(_read_text(path) for path in (self.out, self.err))
+        finally:
+            self.folder.cleanup()
+
+
+def _read_text(path):
+    """A forked run's output file; '' if the run ended before it opened it (killed at once)."""
+    try:
+        with open(path, errors='replace') as f:
+            return f.read()
+    except FileNotFoundError:
+        return ''
 
 
 def run_in_process(script, *args):

@@ -54,7 +54,7 @@ def run_child(argv, env, out, err, sigint):
     sys.stdout.reconfigure(line_buffering=True)
     os.chdir(ROOT)
     sys.argv = list(argv)
-    sys.path[0] = ROOT
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))      # as the interpreter sets it for a script
     code = 0
     try:
         runpy.run_path(argv[0], run_name='__main__')

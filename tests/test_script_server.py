@@ -1,0 +1,54 @@
+"""tests/script_server.py through helpers.start_script / run_script: a forked run behaves as ``python script args``
+would (exit status, a traceback's 1, a signal's -N, stdout and stderr, the environment and thread count, the
+repo's modules imported afresh), a timeout kills the run and the next one still works."""
+import os
+import signal
+import subprocess
+import textwrap
+
+import pytest
+
+from helpers import run_script, script_env, start_script
+
+pytestmark = pytest.mark.slow      # starts the worker's script server if no test has yet
+
+
+def write(tmp_path, name, code):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return str(path)
+
+
+def test_a_forked_run_is_a_fresh_script(tmp_path):
+    script = write(tmp_path, 'probe.py', '''
+        import os, sys, torch
+        sys.path.insert(0, os.getcwd())      # the repo root: the runs' working directory
+        import util
+        print('argv', sys.argv[1:], 'cwd', os.getcwd())
+        print('threads', torch.get_num_threads(), os.environ['OMP_NUM_THREADS'], os.environ.get('PROBE'))
+        print('main pid', util._MAIN_PID == os.getpid())     # the repo's modules are this process's own
+        print('to stderr', file=sys.stderr)
+        sys.exit(3)
+    ''')
+    os.environ['PROBE'] = 'seen'
+    try:
+        proc = run_script(script, 'a', 2, check=False)
+    finally:
+        del os.environ['PROBE']
+    threads = script_env()['OMP_NUM_THREADS']
+    assert proc.returncode == 3 and proc.stderr == 'to stderr\n'
+    assert proc.stdout.splitlines() == [f"argv ['a', '2'] cwd {os.path.dirname(os.path.dirname(__file__))}",
+                                        f'threads {threads} {threads} seen', 'main pid True']
+
+
+def test_an_exception_a_signal_and_a_timeout(tmp_path):
+    boom = run_script(write(tmp_path, 'boom.py', 'raise ValueError("boom")\n'), check=False)
+    assert boom.returncode == 1 and 'Traceback' in boom.stderr and 'ValueError: boom' in boom.stderr
+    sleeper = write(tmp_path, 'sleep.py', 'import time\nprint("up", flush=True)\ntime.sleep(60)\n')
+    proc = start_script(sleeper, [])
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_script(sleeper, timeout=1)
+    assert run_script(write(tmp_path, 'ok.py', 'print("after")\n')).stdout == 'after\n'     # still in step
