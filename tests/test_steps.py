@@ -25,9 +25,10 @@ CASES = {
     'Spread': ['--method', 'Spread'],
     'BCL': ['--method', 'BCL'],
     'BCL+CARROT': ['--method', 'BCL', '--carrot', '--carrot_alpha_max', 'inf'],
-    'PaCo-queue': ['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0', '--paco_alpha', '0.3'],
+    'PaCo-queue': ['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0', '--paco_alpha', '0.3', '--paco_gamma',
+                   '0.5', '--paco_beta', '2'],
     'GPaCo+CARROT': ['--method', 'GPaCo', '--carrot', '--carrot_alpha_max', 'inf'],
-    'TSC': ['--method', 'TSC', '--kcl_k', '2'],
+    'TSC': ['--method', 'TSC', '--kcl_k', '2', '--tsc_weight', '2'],
 }
 
 
