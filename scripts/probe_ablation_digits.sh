@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Probes that can tell the methods apart (docs/PROBES.md): SupCon, SimCLR, RASCAL (agreement / current /
 # uniform), SupCon + CARROT, CE, CE + CARROT and the published variants (docs/FIELD.md: KCL, SINCERE,
-# EpsSupInfoNCE, SupDCL, Spread, BCL, PaCo, TSC; one-stage CE + SupCon), each pre-trained on the 5 coarse digit groups
-# (coarse-to-fine) with 0, 20 % and 40 % symmetric label noise and 40 % pair-flip noise on the coarse labels;
+# EpsSupInfoNCE, SupDCL, Spread, BCL, PaCo, TSC; one-stage CE + SupCon; logit-adjusted CE and balanced softmax),
+# each pre-trained on the 5 coarse digit groups (coarse-to-fine) with 0, 20 % and 40 % symmetric label noise and 40 % pair-flip noise on the coarse labels;
 # then, on the frozen encoder and clean fine labels, 1-, 5- and 10-shot fine probes (logistic regression and kNN, 5 draws each) and within-superclass
 # fine accuracy. Prints, per noise level and K, the table with each method's paired difference from SupCon over
 # seeds (and within-superclass accuracy the same way); saves them under save/probe_ablation_digits/.
 # A noise level is a fraction (symmetric) or pairflip_FRACTION. One (seed, noise level) of one method takes 2-3
-# minutes with two at a time on a 2-core CPU: the default (17 methods, 5 seeds, 4 levels: 340 pre-trainings and 1020
-# probes) takes about 7 hours there (two runs at a time, one thread each); JOBS=N runs N at a time on a larger
+# minutes with two at a time on a 2-core CPU: the default (19 methods, 5 seeds, 4 levels: 380 pre-trainings and 1140
+# probes) takes about 8 hours there (two runs at a time, one thread each); JOBS=N runs N at a time on a larger
 # machine, METHODS="..." picks methods (SupCon, the baseline, must be among them), and EXTRA="flags" adds flags to every
 # pre-training (e.g. EXTRA="--augment device" on a GPU); KEEP_DONE=1 keeps the runs a previous call finished
 # (an interrupted ablation continues where it stopped).
@@ -44,8 +44,10 @@ declare -A ARGS=(
     [PaCo]="main_supcon.py --method PaCo --queue_size 1024 --moco_m 0.99"
     [TSC]="main_supcon.py --method TSC"
     [CE+SupCon]="main_ce.py --supcon_weight 1 --temp 0.1"
+    [LA-CE]="main_ce.py --loss logit_adjusted"
+    [BSM]="main_ce.py --loss balanced_softmax"
 )
-METHODS="${METHODS:-SupCon SimCLR RASCAL-agreement RASCAL-current RASCAL-uniform SupCon+CARROT CE CE+CARROT KCL SINCERE EpsSupInfoNCE SupDCL Spread BCL PaCo TSC CE+SupCon}"
+METHODS="${METHODS:-SupCon SimCLR RASCAL-agreement RASCAL-current RASCAL-uniform SupCon+CARROT CE CE+CARROT KCL SINCERE EpsSupInfoNCE SupDCL Spread BCL PaCo TSC CE+SupCon LA-CE BSM}"
 for method in $METHODS; do
     [ -n "${ARGS[$method]+x}" ] || { echo "unknown method $method (one of: ${!ARGS[*]})" >&2; exit 2; }
 done
