@@ -2,10 +2,11 @@
 # Probes that can tell the methods apart (docs/PROBES.md): SupCon, SimCLR, RASCAL (agreement / current /
 # uniform), SupCon + CARROT, CE, CE + CARROT and the published variants (docs/FIELD.md: KCL, SINCERE,
 # EpsSupInfoNCE, SupDCL, Spread, BCL, PaCo, TSC; one-stage CE + SupCon; logit-adjusted CE and balanced softmax),
-# each pre-trained on the 5 coarse digit groups (coarse-to-fine) with 0, 20 % and 40 % symmetric label noise and 40 % pair-flip noise on the coarse labels;
-# then, on the frozen encoder and clean fine labels, 1-, 5- and 10-shot fine probes (logistic regression and kNN, 5 draws each) and within-superclass
-# fine accuracy. Prints, per noise level and K, the table with each method's paired difference from SupCon over
-# seeds (and within-superclass accuracy the same way); saves them under save/probe_ablation_digits/.
+# each pre-trained on the 5 coarse digit groups (coarse-to-fine) with 0, 20 % and 40 % symmetric label noise and
+# 40 % pair-flip noise on the coarse labels; then, on the frozen encoder and clean fine labels, 1-, 5- and 10-shot
+# fine probes (logistic regression and kNN, 5 draws each) and within-superclass fine accuracy. Prints, per noise
+# level and K, the table with each method's paired difference from SupCon over seeds (and within-superclass
+# accuracy the same way); saves them under save/probe_ablation_digits/.
 # A noise level is a fraction (symmetric) or pairflip_FRACTION. One (seed, noise level) of one method takes 2-3
 # minutes with two at a time on a 2-core CPU: the default (19 methods, 5 seeds, 4 levels: 380 pre-trainings and 1140
 # probes) takes about 8 hours there (two runs at a time, one thread each); JOBS=N runs N at a time on a larger
