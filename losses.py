@@ -7,6 +7,7 @@ input (an anchor with nothing to contrast against contributes 0).
 Every loss of this project derives from :class:`Loss`: it returns a scalar and reports its
 statistics in ``last_stats`` (and histogram counts in ``last_hists``), never through its return value.
 """
+import functools
 import math
 
 import torch
@@ -86,6 +87,16 @@ def block_pairs(present):
     k = present.shape[1]
     not_self = ~torch.eye(k, dtype=torch.bool, device=present.device)
     return present[:, :, None] & present[:, None, :] & not_self
+
+
+def float32_under_autocast(loss):
+    """Run a functional loss with autocast off: computed in float32 (float64 for float64 input) whatever the
+    caller's autocast region, as every loss of the project."""
+    @functools.wraps(loss)
+    def wrapped(features, *args, **kwargs):
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            return loss(features, *args, **kwargs)
+    return wrapped
 
 
 def upcast(x):

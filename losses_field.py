@@ -19,7 +19,16 @@ import math
 import numpy as np
 import torch
 
-from losses import Loss, block_pairs, class_blocks, flatten_views, on_host, positive_dots, upcast
+from losses import (
+    Loss,
+    block_pairs,
+    class_blocks,
+    flatten_views,
+    float32_under_autocast,
+    on_host,
+    positive_dots,
+    upcast,
+)
 
 NEG_INF = -math.inf
 
@@ -102,6 +111,7 @@ def kcl_positives(labels, n_views, k, generator):
     return torch.where(out_valid, out, torch.arange(n_rows)[:, None]), out_valid
 
 
+@float32_under_autocast
 def kcl_loss(features, labels, chosen, valid, temperature=0.07):
     """KCL's loss (docs/FIELD.md, "KCL") for given sampled positives: per anchor ``i`` with positives
     ``P(i) = O(i) + K(i)`` (``K(i)``: row ``i``'s ``valid`` entries of ``chosen`` ``[M, k]``)::
@@ -112,21 +122,20 @@ def kcl_loss(features, labels, chosen, valid, temperature=0.07):
     ``[B]`` (checked only for their count: the classes are in ``chosen``)."""
     _check_temperature(temperature)
     z, _, _, bsz, n_views = _rows(features, labels)
-    with torch.autocast(device_type=features.device.type, enabled=False):
-        n_rows = z.shape[0]
-        if n_rows == 1:
-            return (z * 0).sum()
-        logits = self_masked_logits(z, temperature)
-        log_denom = torch.logsumexp(logits, dim=1)
-        own_dot, n_own = positive_dots(z, z, bsz, n_views)                         # O(i), from sample sums
-        chosen, valid = chosen.to(z.device, non_blocking=True), valid.to(z.device, non_blocking=True)
-        drawn = torch.where(valid, logits.gather(1, chosen), torch.zeros((), dtype=z.dtype, device=z.device))
-        pos_logit = own_dot / temperature + drawn.sum(1)
-        n_pos = n_own + valid.sum(1).to(z.dtype)
-        has_pos = n_pos > 0
-        n_pos = torch.where(has_pos, n_pos, torch.ones_like(n_pos))
-        per_row = torch.where(has_pos, log_denom - pos_logit / n_pos, torch.zeros_like(n_pos))
-        return _mean_over_anchors(per_row, n_rows)
+    n_rows = z.shape[0]
+    if n_rows == 1:
+        return (z * 0).sum()
+    logits = self_masked_logits(z, temperature)
+    log_denom = torch.logsumexp(logits, dim=1)
+    own_dot, n_own = positive_dots(z, z, bsz, n_views)                         # O(i), from sample sums
+    chosen, valid = chosen.to(z.device, non_blocking=True), valid.to(z.device, non_blocking=True)
+    drawn = torch.where(valid, logits.gather(1, chosen), torch.zeros((), dtype=z.dtype, device=z.device))
+    pos_logit = own_dot / temperature + drawn.sum(1)
+    n_pos = n_own + valid.sum(1).to(z.dtype)
+    has_pos = n_pos > 0
+    n_pos = torch.where(has_pos, n_pos, torch.ones_like(n_pos))
+    per_row = torch.where(has_pos, log_denom - pos_logit / n_pos, torch.zeros_like(n_pos))
+    return _mean_over_anchors(per_row, n_rows)
 
 
 class KCLLoss(Loss):
@@ -175,6 +184,7 @@ class KCLLoss(Loss):
 
 
 # ---------------------------------------------------------------- SINCERE and epsilon-SupInfoNCE
+@float32_under_autocast
 def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None):
     """SINCERE (``margin = 0``) and epsilon-SupInfoNCE (``margin = eps``) (docs/FIELD.md). Per anchor ``i``::
 
@@ -185,27 +195,26 @@ def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None):
     with no gradient). The per-pair terms run inside class blocks; ``N_i`` comes from one masked logsumexp."""
     _check_temperature(temperature)
     z, row_labels, _, _, n_views = _rows(features, labels)
-    with torch.autocast(device_type=features.device.type, enabled=False):
-        n_rows = z.shape[0]
-        logits = self_masked_logits(z, temperature)
-        q_logits = queue_logits(z, queue, temperature) if queue is not None else None
-        shift = margin / temperature
-        rows, present, _ = class_blocks(on_host(labels).reshape(-1).repeat(n_views), z.device)
-        pairs = block_pairs(present)                                                 # [C, K, K]
-        zero = torch.zeros((), dtype=z.dtype, device=z.device)
-        pair_logits = torch.where(pairs, logits[rows[:, :, None], rows[:, None, :]], zero)   # finite everywhere
-        neg = negative_logsumexp(logits, row_labels, queue, q_logits)               # [M]
-        terms = torch.logaddexp(pair_logits - shift, neg[rows][:, :, None]) - pair_logits
-        total = torch.where(pairs, terms, zero).sum(-1)                              # [C, K]
-        count = pairs.sum(-1).to(z.dtype)
-        if queue is not None:
-            q_same = _queue_same(row_labels, queue)
-            q_terms = torch.logaddexp(q_logits - shift, neg[:, None]) - q_logits
-            total = total + torch.where(q_same, q_terms, zero).sum(1)[rows]
-            count = count + q_same.sum(1).to(z.dtype)[rows]
-        has_pos = present & (count > 0)
-        per_row = torch.where(has_pos, total / torch.where(has_pos, count, torch.ones_like(count)), zero)
-        return _mean_over_anchors(per_row, n_rows)
+    n_rows = z.shape[0]
+    logits = self_masked_logits(z, temperature)
+    q_logits = queue_logits(z, queue, temperature) if queue is not None else None
+    shift = margin / temperature
+    rows, present, _ = class_blocks(on_host(labels).reshape(-1).repeat(n_views), z.device)
+    pairs = block_pairs(present)                                                 # [C, K, K]
+    zero = torch.zeros((), dtype=z.dtype, device=z.device)
+    pair_logits = torch.where(pairs, logits[rows[:, :, None], rows[:, None, :]], zero)   # finite everywhere
+    neg = negative_logsumexp(logits, row_labels, queue, q_logits)               # [M]
+    terms = torch.logaddexp(pair_logits - shift, neg[rows][:, :, None]) - pair_logits
+    total = torch.where(pairs, terms, zero).sum(-1)                              # [C, K]
+    count = pairs.sum(-1).to(z.dtype)
+    if queue is not None:
+        q_same = _queue_same(row_labels, queue)
+        q_terms = torch.logaddexp(q_logits - shift, neg[:, None]) - q_logits
+        total = total + torch.where(q_same, q_terms, zero).sum(1)[rows]
+        count = count + q_same.sum(1).to(z.dtype)[rows]
+    has_pos = present & (count > 0)
+    per_row = torch.where(has_pos, total / torch.where(has_pos, count, torch.ones_like(count)), zero)
+    return _mean_over_anchors(per_row, n_rows)
 
 
 class SINCERELoss(Loss):
@@ -254,6 +263,7 @@ class EpsSupInfoNCELoss(Loss):
 
 
 # ---------------------------------------------------------------- supervised DCL
+@float32_under_autocast
 def supdcl_loss(features, labels, temperature=0.07, queue=None):
     """Supervised decoupled contrastive loss (docs/FIELD.md, "Supervised DCL"). Per anchor ``i``::
 
@@ -264,17 +274,16 @@ def supdcl_loss(features, labels, temperature=0.07, queue=None):
     positives: per-class sums, one masked logsumexp."""
     _check_temperature(temperature)
     z, row_labels, on_device, bsz, n_views = _rows(features, labels)
-    with torch.autocast(device_type=features.device.type, enabled=False):
-        n_rows = z.shape[0]
-        logits = self_masked_logits(z, temperature)
-        q_logits = queue_logits(z, queue, temperature) if queue is not None else None
-        neg = negative_logsumexp(logits, row_labels, queue, q_logits)
-        pos_dot, n_pos = positive_dots(z, z, bsz, n_views, on_device, None, queue)
-        ok = (n_pos > 0) & torch.isfinite(neg)
-        n_pos = torch.where(ok, n_pos, torch.ones_like(n_pos))
-        zero = torch.zeros((), dtype=z.dtype, device=z.device)
-        per_row = torch.where(ok, torch.where(ok, neg, zero) - pos_dot / temperature / n_pos, zero)
-        return _mean_over_anchors(per_row, n_rows)
+    n_rows = z.shape[0]
+    logits = self_masked_logits(z, temperature)
+    q_logits = queue_logits(z, queue, temperature) if queue is not None else None
+    neg = negative_logsumexp(logits, row_labels, queue, q_logits)
+    pos_dot, n_pos = positive_dots(z, z, bsz, n_views, on_device, None, queue)
+    ok = (n_pos > 0) & torch.isfinite(neg)
+    n_pos = torch.where(ok, n_pos, torch.ones_like(n_pos))
+    zero = torch.zeros((), dtype=z.dtype, device=z.device)
+    per_row = torch.where(ok, torch.where(ok, neg, zero) - pos_dot / temperature / n_pos, zero)
+    return _mean_over_anchors(per_row, n_rows)
 
 
 class SupDCLLoss(Loss):
@@ -298,6 +307,7 @@ class SupDCLLoss(Loss):
 
 
 # ---------------------------------------------------------------- L_spread
+@float32_under_autocast
 def spread_loss(features, labels, temperature=0.07, alpha=0.5, queue=None):
     """L_spread (docs/FIELD.md, "L_spread"): ``(1 - alpha) L_SupCon + alpha L_cNCE``, both means over all ``M``
     anchors, with::
@@ -310,36 +320,35 @@ def spread_loss(features, labels, temperature=0.07, alpha=0.5, queue=None):
     logits matrix serves both terms; the class-conditional denominator runs inside class blocks."""
     _check_temperature(temperature)
     z, row_labels, on_device, bsz, n_views = _rows(features, labels)
-    with torch.autocast(device_type=features.device.type, enabled=False):
-        n_rows = z.shape[0]
-        zero = torch.zeros((), dtype=z.dtype, device=z.device)
-        if n_rows == 1 and queue is None:                          # nothing to contrast with
-            return (z * 0).sum()
-        logits = self_masked_logits(z, temperature)
-        q_logits = None
-        if queue is not None:
-            q_logits = queue_logits(z, queue, temperature)
-            full = torch.cat([logits, q_logits.masked_fill(~queue.valid[None, :], NEG_INF)], 1)
-        else:
-            full = logits
-        log_denom = torch.logsumexp(full, dim=1)
-        # SupCon
-        pos_dot, n_pos = positive_dots(z, z, bsz, n_views, on_device, None, queue)
-        has_pos = n_pos > 0
-        supcon = torch.where(has_pos, log_denom - pos_dot / temperature / torch.where(has_pos, n_pos, 1.0), zero)
-        # class-conditional InfoNCE: O(i) over S(i)
-        own_dot, n_own = positive_dots(z, z, bsz, n_views)
-        rows, present, _ = class_blocks(on_host(labels).reshape(-1).repeat(n_views), z.device)
-        pairs = block_pairs(present)
-        same = logits[rows[:, :, None], rows[:, None, :]].masked_fill(~pairs, NEG_INF)
-        same_lse = torch.logsumexp(same, dim=-1)                                   # [C, K]
-        if queue is not None:
-            q_lse = torch.logsumexp(q_logits.masked_fill(~_queue_same(row_labels, queue), NEG_INF), dim=1)
-            same_lse = torch.logaddexp(same_lse, q_lse[rows])
-        has_own = present & (n_own[rows] > 0)
-        cnce = torch.where(has_own, same_lse - own_dot[rows] / temperature / torch.where(has_own, n_own[rows], 1.0),
-                           zero)
-        return ((1 - alpha) * supcon.sum() + alpha * cnce.sum()) / n_rows
+    n_rows = z.shape[0]
+    zero = torch.zeros((), dtype=z.dtype, device=z.device)
+    if n_rows == 1 and queue is None:                          # nothing to contrast with
+        return (z * 0).sum()
+    logits = self_masked_logits(z, temperature)
+    q_logits = None
+    if queue is not None:
+        q_logits = queue_logits(z, queue, temperature)
+        full = torch.cat([logits, q_logits.masked_fill(~queue.valid[None, :], NEG_INF)], 1)
+    else:
+        full = logits
+    log_denom = torch.logsumexp(full, dim=1)
+    # SupCon
+    pos_dot, n_pos = positive_dots(z, z, bsz, n_views, on_device, None, queue)
+    has_pos = n_pos > 0
+    supcon = torch.where(has_pos, log_denom - pos_dot / temperature / torch.where(has_pos, n_pos, 1.0), zero)
+    # class-conditional InfoNCE: O(i) over S(i)
+    own_dot, n_own = positive_dots(z, z, bsz, n_views)
+    rows, present, _ = class_blocks(on_host(labels).reshape(-1).repeat(n_views), z.device)
+    pairs = block_pairs(present)
+    same = logits[rows[:, :, None], rows[:, None, :]].masked_fill(~pairs, NEG_INF)
+    same_lse = torch.logsumexp(same, dim=-1)                                   # [C, K]
+    if queue is not None:
+        q_lse = torch.logsumexp(q_logits.masked_fill(~_queue_same(row_labels, queue), NEG_INF), dim=1)
+        same_lse = torch.logaddexp(same_lse, q_lse[rows])
+    has_own = present & (n_own[rows] > 0)
+    cnce = torch.where(has_own, same_lse - own_dot[rows] / temperature / torch.where(has_own, n_own[rows], 1.0),
+                       zero)
+    return ((1 - alpha) * supcon.sum() + alpha * cnce.sum()) / n_rows
 
 
 class SpreadLoss(Loss):

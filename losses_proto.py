@@ -7,25 +7,14 @@ in checkpoints (its ``state_dict``) and passes it the global batch's encoder fea
 ``--chunk_size`` (gradient caching calls the loss once, on the whole batch's features) and equal on every torchrun
 process (the loss sees the gathered batch, so no gradient of its own needs averaging).
 """
-import functools
 import math
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from losses import LogitAdjustedLoss, Loss, flatten_views, positive_dots, upcast
+from losses import LogitAdjustedLoss, Loss, flatten_views, float32_under_autocast, positive_dots, upcast
 from losses_field import KCLLoss, kcl_positives
-
-
-def float32_under_autocast(loss):
-    """Run a functional loss with autocast off: computed in float32 (float64 for float64 input) whatever the
-    caller's autocast region, as every loss of the project."""
-    @functools.wraps(loss)
-    def wrapped(features, *args, **kwargs):
-        with torch.autocast(device_type=features.device.type, enabled=False):
-            return loss(features, *args, **kwargs)
-    return wrapped
 
 
 @float32_under_autocast
