@@ -149,17 +149,22 @@ def all_reduce_sum(x):
     return x
 
 
+def _flat_groups(tensors):
+    """``tensors`` grouped by dtype and device: ``[[tensor, ...], ...]``, in their order (one flat buffer each)."""
+    groups = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    return list(groups.values())
+
+
 @torch.no_grad()
-def all_reduce_grads(model):
-    """Average every parameter gradient over processes (what DDP does in its backward), in one all-reduce of the
-    gradients flattened into one buffer per dtype (not one call per parameter)."""
+def all_reduce_grads(parameters):
+    """Average the gradients of ``parameters`` (an iterable: ``model.parameters()``, a loss's own) over processes
+    (what DDP does in its backward), in one all-reduce per dtype of the gradients flattened into one buffer (not one
+    call per parameter)."""
     if world_size() == 1:
         return
-    by_dtype = {}
-    for p in model.parameters():
-        if p.grad is not None:
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
-    for grads in by_dtype.values():
+    for grads in _flat_groups([p.grad for p in parameters if p.grad is not None]):
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         flat.div_(world_size())
@@ -167,12 +172,29 @@ def all_reduce_grads(model):
 
 
 @torch.no_grad()
-def broadcast_buffers(model):
-    """Rank 0's buffers (BatchNorm running statistics) on every process (what DDP does before a forward)."""
+def broadcast_tensors(tensors, src=0):
+    """Rank ``src``'s values of ``tensors`` on every process, in place: one broadcast per dtype of the tensors
+    flattened into one buffer (a ResNet-50's 160 BatchNorm buffers are 2 calls, not 160). A no-op in one process."""
     if world_size() == 1:
         return
-    for b in model.buffers():
-        dist.broadcast(b, 0)
+    for group in _flat_groups([t for t in tensors if t.numel()]):
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        dist.broadcast(flat, src)
+        torch._foreach_copy_([t.data for t in group],
+                             [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in group]), group)])
+
+
+def broadcast_buffers(model):
+    """Rank 0's buffers (BatchNorm running statistics) on every process (what DDP does before a forward)."""
+    broadcast_tensors(list(model.buffers()))
+
+
+def broadcast_state(*modules):
+    """Rank 0's parameters and buffers of every module in ``modules`` on every process: once, after building
+    (every process seeds ``--seed + rank``, so each built its own random weights). DDP does this for the model it
+    wraps; this is the one place that does it for every mode: the bare model of ``--chunk_size``, a loss's own
+    parameters (BCL's, PaCo's classifier) and buffers, before the key encoder copies the model."""
+    broadcast_tensors([t for m in modules for t in (*m.parameters(), *m.buffers())])
 
 
 def all_gather_object(obj):

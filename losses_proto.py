@@ -4,8 +4,8 @@
 Such a loss is an ``nn.Module`` with parameters; the methods registry says that it reads the encoder's features
 (``Method.uses_encoder_features``), and ``steps.Pretraining`` optimizes its parameters with the model's, saves them
 in checkpoints (its ``state_dict``) and passes it the global batch's encoder features. Its gradient is exact under
-``--chunk_size`` (gradient caching calls the loss once, on the whole batch's features) and equal on every torchrun
-process (the loss sees the gathered batch, so no gradient of its own needs averaging).
+``--chunk_size`` (gradient caching calls the loss once, on the whole batch's features); under torchrun its parameters
+start from rank 0's and their gradients are averaged over processes (``steps.Pretraining``).
 """
 import math
 

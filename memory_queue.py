@@ -13,7 +13,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distributed import broadcast, gather, rank, world_size
 from flags import Feature, check
 
 
@@ -143,22 +142,13 @@ class MomentumEncoder(nn.Module):
 @torch.no_grad()
 def key_features(model, images, splits, forward):
     """``forward(model, x)`` of ``images`` ``[N, ...]`` with shuffled BatchNorm; returns ``[N, D]`` in the
-    order of ``images``.
-
-    Under torchrun (MoCo's shuffle BN): the images of all processes are gathered and shuffled by one
-    permutation (rank 0's), each process encodes its slice, and the outputs are gathered and unshuffled.
-    In one process (what MoCo's authors do on one GPU): the images are shuffled and encoded in ``splits``
-    sub-batches, each normalized by its own statistics, then unshuffled.
+    order of ``images``: the images are shuffled and encoded in ``splits`` sub-batches, each normalized by its own
+    statistics, then unshuffled (what MoCo's authors do on one GPU). Under torchrun every process does this with
+    its own images and the caller gathers the keys: no image crosses processes (MoCo's own shuffle gathers every
+    process's images to every process, ``W`` times the key encoder's input memory), and the sub-batches' statistics
+    still differ from the queries' (docs/QUEUE.md, "Shuffled BatchNorm").
     """
     n = images.shape[0]
-    if world_size() > 1:
-        everything = gather(images)
-        perm = broadcast(torch.randperm(everything.shape[0], device=images.device), 0)
-        mine = perm[rank() * n:(rank() + 1) * n]
-        out = gather(forward(model, everything[mine]))
-        inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(perm.shape[0], device=perm.device)
-        return out[inverse][rank() * n:(rank() + 1) * n]
     perm = torch.randperm(n, device=images.device)
     out = torch.cat([forward(model, part) for part in images[perm].chunk(max(1, min(splits, n)))])
     inverse = torch.empty_like(perm)

@@ -28,6 +28,7 @@ from distributed import (
     all_reduce_grads,
     all_reduce_sum,
     broadcast_buffers,
+    broadcast_state,
     gather,
     gather_labels,
     gather_with_grad,
@@ -81,12 +82,13 @@ class Pretraining:
         if model is None:
             model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim)
         self.model = runtime.prepare_model(model)
-        # a copy of the model as it starts, before --syncBN converts its BatchNorm: the key encoder's statistics
-        # stay its own (shuffled BatchNorm, docs/QUEUE.md)
-        self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
-        self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.criterion = call_hook(self.method.build, opt, num_samples=num_samples, class_counts=class_counts,
                                    enc_dim=MODELS[opt.model][1]).to(runtime.device)
+        broadcast_state(self.model, self.criterion)      # under torchrun every process starts from rank 0's
+        # a copy of the model as it starts (rank 0's), before --syncBN converts its BatchNorm: the key encoder's
+        # statistics stay its own (shuffled BatchNorm, docs/QUEUE.md)
+        self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
+        self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
 
@@ -129,6 +131,8 @@ class Pretraining:
             loss, stats = loss_from(h_enc, h_proj)
             backward(loss)
             loss = loss.detach()
+        # the loss's own parameters (BCL's, PaCo's classifier): DDP does not see them; the mean over processes
+        all_reduce_grads(self.criterion.parameters())
         if self.queue is not None:
             stats.update(queue_stats, **self.enqueue_keys(views, labels, ids, kept['features']))
         return loss, stats
@@ -224,6 +228,7 @@ class CETraining:
             model = SupCEResNet(opt.model, num_classes=num_classes, head=opt.head if self.supcon else None,
                                 feat_dim=opt.feat_dim)
         self.model = runtime.prepare_model(model)
+        broadcast_state(self.model)                      # under torchrun every process starts from rank 0's
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
 
@@ -371,7 +376,7 @@ def cached_step(runtime, model, encoder, head, views, chunk_size, loss_from, bac
             again = encoder(chunk)
         again.backward(grad)
     restore_rng(runtime.device, after)
-    all_reduce_grads(model)                        # the mean over processes, as DDP; no-op in one process
+    all_reduce_grads(model.parameters())           # the mean over processes, as DDP; no-op in one process
     return loss.detach(), stats
 
 

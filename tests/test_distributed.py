@@ -170,6 +170,93 @@ def test_rascal_caches_identical_on_every_rank(ranks):
     assert torch.equal(ranks[0]['RASCAL']['cache'], ranks[1]['RASCAL']['cache'])
 
 
+# the modes whose processes trained different models before issue 41: the bare model of --chunk_size, the loss's
+# own parameters (BCL's classifier and prototype head, PaCo's classifier), the key encoder (copied from the model)
+SEEDED_CASES = {
+    'SupCon chunked': (['--method', 'SupCon'], False, 4),
+    'BCL': (['--method', 'BCL'], False, 0),
+    'BCL chunked': (['--method', 'BCL', '--carrot'], False, 4),
+    'PaCo queue': (['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0.9'], False, 0),
+    'PaCo queue chunked': (['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0.9'], False, 4),
+    'CE chunked': (['--carrot'], True, 4),
+}
+BN_STATISTICS = ('running_mean', 'running_var', 'num_batches_tracked')
+
+
+def trained_states(case, rank, steps=3):
+    """``steps`` SGD steps of ``case`` on this process's part of the global batch, the model built from this
+    process's own seed (``--seed + rank``) as the scripts build it; returns every state the processes must share:
+    the model's parameters, the key encoder's, the loss's parameters and buffers, the queue. BatchNorm's running
+    statistics are left out: each process updates them from its own part of the batch in the forward, and DDP (or
+    the chunked step) gives every process rank 0's before the next."""
+    from schedule import set_optimizer
+    argv, ce, chunk = SEEDED_CASES[case]
+    training = build_training(argv, ce=ce, chunk=chunk, train=True, same_init=False)
+    params = list(training.model.parameters()) + list(getattr(training, 'criterion', None) and
+                                                      training.criterion.parameters() or [])
+    optimizer = set_optimizer(params, 0.5, 0.9, 1e-4)
+    for step in range(steps):
+        views, labels, ids = step_batch(seed=step)
+        part = slice(rank * BSZ // WORLD, (rank + 1) * BSZ // WORLD) if world_size() > 1 else slice(None)
+        views, labels, ids = [v[part] for v in views], labels[part], ids[part]
+        optimizer.zero_grad(set_to_none=True)
+        if ce:
+            training.step(views[0], labels)
+        else:
+            training.step(views, labels, ids)
+        optimizer.step()
+    parts = {'model': training.model, 'key_encoder': getattr(training, 'key_encoder', None),
+             'criterion': getattr(training, 'criterion', None), 'queue': getattr(training, 'queue', None)}
+    return {f'{name}.{key}': value.clone() for name, module in parts.items() if isinstance(module, torch.nn.Module)
+            for key, value in module.state_dict().items() if not key.endswith(BN_STATISTICS)}
+
+
+def world_size():
+    import distributed
+    return distributed.world_size()
+
+
+def _seeded_worker(rank, port, folder, broadcast):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), WORLD_SIZE=str(WORLD),
+                      RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS='1')
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    import steps
+    if not broadcast:          # the power check: the processes start from their own weights, as before issue 41
+        steps.broadcast_state = lambda *modules: None
+    results = {case: trained_states(case, rank) for case in SEEDED_CASES}
+    torch.save(results, os.path.join(folder, f'rank{rank}.pt'))
+    dist.destroy_process_group()
+
+
+def seeded_ranks(folder, broadcast=True):
+    os.makedirs(folder)
+    mp.spawn(_seeded_worker, args=(free_port(), str(folder), broadcast), nprocs=WORLD, join=True)
+    return [torch.load(os.path.join(folder, f'rank{r}.pt'), weights_only=True) for r in range(WORLD)]
+
+
+def test_processes_seeded_differently_train_one_model(tmp_path):
+    """Issue 41: every process seeds ``--seed + rank`` before building (as torchrun runs do), yet after three SGD
+    steps every process holds bit for bit the same model, key encoder, loss parameters and buffers, and queue, in
+    every mode (gradient caching's bare model, BCL's and PaCo's own classifiers, the key encoder); the power check
+    (no broadcast after building) leaves every one of these modes with different weights per process."""
+    good = seeded_ranks(tmp_path / 'fixed')
+    for case in SEEDED_CASES:
+        assert good[0][case].keys() == good[1][case].keys()
+        for key, value in good[0][case].items():
+            assert torch.equal(value, good[1][case][key]), f'{case}: {key} differs between the processes'
+        assert any(k.startswith('criterion.') for k in good[0][case]) or case.startswith(('SupCon', 'CE'))
+    broken = seeded_ranks(tmp_path / 'broken', broadcast=False)
+    for case in SEEDED_CASES:
+        differ = [key for key, value in broken[0][case].items() if not torch.equal(value, broken[1][case][key])]
+        assert differ, case
+        if case.startswith(('BCL', 'PaCo')):      # the loss's own classifier too
+            assert any(k.startswith('criterion.') for k in differ), case
+        if 'queue' in case:
+            assert any(k.startswith('key_encoder.') for k in differ), case
+
+
 def torchrun(script, *args, check=True):
     env = script_env(OMP_NUM_THREADS='1')
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(WORLD),
@@ -205,6 +292,34 @@ def test_torchrun_supcon_then_linear(tmp_path, method):
                  '--num_workers', 0, '--learning_rate', 1, '--augment', 'device', '--save_folder', tmp_path / 'lin')
         results = json.load(open(os.path.join(only_run_folder(tmp_path / 'lin'), 'results.json')))
         assert 10 < results['final_test_acc'] <= 100      # linear evaluation under torchrun (once is enough)
+
+
+@pytest.mark.slow
+def test_torchrun_resume_equals_the_uninterrupted_run(tmp_path):
+    """Issue 41: under torchrun, 1 epoch + ``--resume`` 1 epoch ends bit for bit where 2 epochs do, in the mode
+    where every per-process state must start from rank 0's: gradient caching (the bare model), PaCo's own classifier
+    and the momentum key encoder with its queue. Before the fix the uninterrupted run trained each process from its
+    own weights and the resume re-synchronized them from rank 0's checkpoint: the two runs differed."""
+    common = ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--method', 'PaCo', '--queue_size', 256, '--moco_m', 0.9,
+              '--chunk_size', 32, '--size', 8, '--augment', 'device', '--batch_size', 128, '--num_workers', 0,
+              '--print_freq', 1000]
+    torchrun('main_supcon.py', *common, '--epochs', 2, '--save_folder', tmp_path / 'whole')
+    torchrun('main_supcon.py', *common, '--epochs', 1, '--save_folder', tmp_path / 'parts')
+    part = os.path.join(only_run_folder(tmp_path / 'parts'), 'last.pth')
+    torchrun('main_supcon.py', *common, '--epochs', 2, '--resume', part)
+    whole, resumed = load(os.path.join(only_run_folder(tmp_path / 'whole'), 'last.pth')), load(part)
+    assert resumed['epoch'] == whole['epoch'] == 2
+    for group in ('model', 'extra'):
+        flat_whole, flat_resumed = _flat(whole[group]), _flat(resumed[group])
+        assert flat_whole.keys() == flat_resumed.keys()
+        for key, value in flat_whole.items():
+            assert torch.equal(value, flat_resumed[key]), f'{group}.{key}'
+
+
+def _flat(tree, prefix=''):
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f'{prefix}{key}.').items()}
+    return {prefix[:-1]: tree} if isinstance(tree, torch.Tensor) else {}
 
 
 @pytest.mark.slow
