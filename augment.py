@@ -10,6 +10,7 @@ operation is one function of a batch and its per-sample parameters (:func:`resiz
 (``natural``, ``digits``); :class:`DeviceLoader` keeps an in-memory training split on the device as one
 uint8 tensor and yields augmented batches with the structure of the DataLoader it replaces.
 """
+import functools
 import math
 
 import numpy as np
@@ -94,7 +95,8 @@ def rotate(images, degrees):
     ys = torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, h, device=images.device, dtype=images.dtype)
     base = torch.stack([xs[None, :].expand(h, w), ys[:, None].expand(h, w), torch.ones(h, w, device=images.device,
                                                                                      dtype=images.dtype)], -1)
-    scaled = theta.transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], device=images.device, dtype=images.dtype)
+    scaled = theta.transpose(1, 2)                                                 # [N, 3, 2]: columns x, y
+    scaled = torch.stack([scaled[..., 0] / (0.5 * w), scaled[..., 1] / (0.5 * h)], -1)   # no constant from the host
     grid = base.reshape(1, h * w, 3).expand(n, -1, -1).bmm(scaled).reshape(n, h, w, 2)
     return torch.nn.functional.grid_sample(images, grid, mode='nearest', padding_mode='zeros', align_corners=False)
 
@@ -172,12 +174,20 @@ def _pick(where, a, b):
 
 
 def normalize(images, mean, std):
-    """``(x - mean) / std`` per channel, as one multiply-add."""
+    """``(x - mean) / std`` per channel, as one multiply-add (:func:`normalization`'s constants)."""
+    scale, shift = normalization(tuple(map(float, mean)), tuple(map(float, std)), images.device, images.dtype)
+    return torch.addcmul(shift, images, scale)
+
+
+@functools.lru_cache(maxsize=32)
+def normalization(mean, std, device, dtype):
+    """``(scale, shift)`` ``[1, C, 1, 1]`` on ``device``: ``1 / std`` and ``-mean / std`` (computed in float64 on the
+    host, then rounded to ``dtype``). Made once per device and dtype and kept there, so a batch copies nothing to
+    the device (each blocking host-to-device copy is a wait for the device)."""
     mean = torch.as_tensor(mean, dtype=torch.float64)
     std = torch.as_tensor(std, dtype=torch.float64)
-    scale = (1 / std).to(images.dtype).to(images.device)[None, :, None, None]
-    shift = (-mean / std).to(images.dtype).to(images.device)[None, :, None, None]
-    return torch.addcmul(shift, images, scale)
+    pair = torch.stack([1 / std, -mean / std]).to(dtype)[:, None, :, None, None]
+    return tuple(pair.to(device, non_blocking=True).unbind(0))
 
 
 JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)   # ColorJitter's order of indices

@@ -129,7 +129,7 @@ def gather_labels(x, device):
     ``x`` itself, wherever it is: a loader's host tensor stays on the host, where the losses build their
     class structure without waiting for the device. Under torchrun they are gathered on ``device`` (the losses
     then read them back once: one host synchronization per step that one process does not have)."""
-    return x if world_size() == 1 else gather(x.to(device))
+    return x if world_size() == 1 else gather(x.to(device, non_blocking=True))
 
 
 @torch.no_grad()

@@ -261,7 +261,7 @@ def evaluate(runtime: Runtime, loader, predict, prefix, num_classes, class_count
     totals = torch.zeros(2, dtype=torch.float64, device=device)   # summed NLL, correct; read once
     per_class = torch.zeros(2, num_classes, dtype=torch.float64, device=device)   # correct, seen
     for images, labels in progress(loader, f'eval {prefix}'):
-        images, labels = runtime.to_device(images), labels.to(device)
+        images, labels = runtime.to_device(images), labels.to(device, non_blocking=True)
         with runtime.autocast():
             logits = predict(images)
         logits = logits.float()

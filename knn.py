@@ -37,7 +37,7 @@ def extract_features(runtime: Runtime, encoder, loader):
         with runtime.autocast():
             h = encoder(runtime.to_device(images))
         feats.append(F.normalize(h.float(), dim=1))
-        labels.append(y.to(runtime.device))
+        labels.append(y.to(runtime.device, non_blocking=True))
     return torch.cat(feats), torch.cat(labels)
 
 

@@ -81,6 +81,41 @@ def class_blocks(labels, device=None):
     return members.clamp(min=0).to(device, non_blocking=True), (members >= 0).to(device, non_blocking=True), counts
 
 
+class ClassGroups:
+    """The class blocks of :func:`class_blocks`, in groups of similar size (:func:`class_groups`): ``blocks``, a list
+    of ``(rows [c, k], present [c, k])`` on the device, one per group, each padded only to its own largest class;
+    :meth:`per_row` gathers values computed per block entry back to the rows; ``counts``: the class sizes (host)."""
+
+    def __init__(self, blocks, position, counts):
+        self.blocks, self.position, self.counts = blocks, position, counts
+
+    def per_row(self, values):
+        """``[M]``: row ``r``'s entry of ``values`` (one ``[c, k]`` tensor per block, in ``blocks``' order)."""
+        return torch.cat([v.reshape(-1) for v in values])[self.position]
+
+
+def class_groups(labels, device=None):
+    """:func:`class_blocks` with the classes grouped by size, so that the padded work stays within ``4 sum_c n_c^2``
+    whatever the class sizes (one block padded to the largest class costs ``C max_c n_c^2``: at CIFAR-10-LT's
+    imbalance 0.01 and B = 4096, 6.5 times ``sum_c n_c^2``). Classes of ``n`` rows with ``2^(j-1) < n <= 2^j`` form
+    group ``j``, padded to its largest; a balanced batch is one group. Built on the host (the labels' values decide
+    the shapes), copied to ``device`` without waiting. Returns a :class:`ClassGroups`."""
+    device = labels.device if device is None else device
+    members, present, counts = class_blocks(labels, 'cpu')
+    size_class = torch.ceil(torch.log2(counts.double())).long()                 # j with 2^(j-1) < n <= 2^j
+    blocks, position = [], torch.empty(int(counts.sum()), dtype=torch.long)
+    start = 0
+    for j in torch.unique(size_class).tolist():
+        classes = torch.nonzero(size_class == j)[:, 0]
+        width = int(counts[classes].max())
+        rows, keep = members[classes, :width], present[classes, :width]
+        local = torch.arange(classes.shape[0] * width).reshape(-1, width) + start
+        position[rows[keep]] = local[keep]
+        blocks.append((rows.to(device, non_blocking=True), keep.to(device, non_blocking=True)))
+        start += classes.shape[0] * width
+    return ClassGroups(blocks, position.to(device, non_blocking=True), counts)
+
+
 def block_pairs(present):
     """``[C, K, K]`` bool: ``(i, j)`` are two different, non-padding rows of one class block, i.e. a
     positive pair (``present`` from :func:`class_blocks`)."""

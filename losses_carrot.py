@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from losses import Loss, block_pairs, class_blocks
+from losses import Loss, block_pairs, class_groups
 
 STAT_NAMES = ('L', 'U', 'num_pos', 'num_neg', 'pos_mean', 'pos_max', 'frac_pos_above_U', 'frac_pos_below_L',
               'reg')
@@ -22,8 +22,9 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
     (``sync_free`` false, the default there) one histogram of ``bins`` buckets locates every order statistic
     needed (both quantiles and their interpolation neighbours), then ``kthvalue`` runs on the few values of
     those buckets (about 4x faster than the other form here); elsewhere (``sync_free``, the default on an
-    accelerator) ``kthvalue`` runs on the whole upper triangle, invalid entries set to ``+inf``, so nothing
-    is read back to the host (``count`` must then be given, or it is read once).
+    accelerator) ``topk`` selects from the whole upper triangle, invalid entries set to ``+inf`` (``-inf`` for the
+    largest), from whichever side of each order statistic is nearer, so nothing is read back to the host (``count``
+    must then be given, or it is read once; ``python benchmarks/carrot_quantile.py`` times it against ``kthvalue``).
     """
     sync_free = values.device.type != 'cpu' if sync_free is None else sync_free
     upper = valid.triu(1)
@@ -38,9 +39,18 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
     ranks = sorted({r for a, b, _ in plans for r in (a, b)})
     found = {}
     if sync_free:
-        flat = values.masked_fill(~upper, float('inf')).flatten()
-        for r in ranks:
-            found[r] = torch.kthvalue(flat, r + 1).values
+        # the k smallest (or largest) valid values, from the side nearer each rank: one topk per side, k at most
+        # half the pairs (CUDA's topk runs on many blocks; its kthvalue on one 1-D tensor runs on one)
+        low = [r for r in ranks if r < count - r]
+        high = [r for r in ranks if r >= count - r]
+        if low:
+            flat = values.masked_fill(~upper, float('inf')).flatten()
+            smallest = torch.topk(flat, max(low) + 1, largest=False, sorted=True).values
+            found.update({r: smallest[r] for r in low})
+        if high:
+            flat = values.masked_fill(~upper, -float('inf')).flatten()
+            largest = torch.topk(flat, count - min(high), largest=True, sorted=True).values
+            found.update({r: largest[count - 1 - r] for r in high})
     else:
         # bucket ids: truncation is floor for values >= -1; invalid entries go to the extra bucket `bins`
         ids = ((values + 1) * (bins / 2)).to(torch.int32).clamp_(0, bins - 1).masked_fill_(~upper, bins)
@@ -92,8 +102,8 @@ class CARROT(Loss):
             z = F.normalize(h.float(), dim=1)
             n = z.shape[0]
             # the class structure from the labels on the host (no wait when they come from there)
-            rows, present, counts = class_blocks(y, h.device)
-            sq = int((counts * counts).sum())
+            groups = class_groups(y, h.device)
+            sq = int((groups.counts * groups.counts).sum())
             num_pos, num_neg = sq - n, n * n - sq                            # ordered pairs
             y = y.to(h.device, non_blocking=True)
             zero = z.new_zeros(())
@@ -109,20 +119,27 @@ class CARROT(Loss):
                                             count=num_neg // 2)
                 lower = q_hi
                 upper = (1 - (q_hi - q_lo).clamp(min=0)).clamp(min=lower + 1e-3).clamp(max=0.999)
-            # positives live in same-class blocks: S_blk = z_blk z_blk^T, [C, K, K]
-            zb = z[rows]
-            s_blk = (zb @ zb.transpose(1, 2)).clamp(-1, 1)
-            pair = block_pairs(present)
-            # L < U, so at most one wall is crossed: relu(L - s)^2 + relu(s - U)^2 = (relu(L - s) + relu(s - U))^2
-            outside = torch.where(pair, F.relu(lower - s_blk) + F.relu(s_blk - upper), zero)
-            reg = outside.square().sum() / num_pos
-            with torch.no_grad():
+            # positives live in same-class blocks grouped by size: S_blk = z_blk z_blk^T, [c, k, k] per group
+            sums = []             # per block: squared excursions, similarity sum, above U, below L; and the max
+            maxima = []
+            for rows, present in groups.blocks:
+                zb = z[rows]
+                s_blk = (zb @ zb.transpose(1, 2)).clamp(-1, 1)
+                pair = block_pairs(present)
+                # L < U, so at most one wall is crossed: relu(L - s)^2 + relu(s - U)^2 = (relu(L - s) + relu(s - U))^2
+                outside = torch.where(pair, F.relu(lower - s_blk) + F.relu(s_blk - upper), zero)
                 sd = s_blk.detach()
+                sums.append(torch.stack([outside.square().sum(), torch.where(pair, sd, zero).sum(),
+                                         ((sd > upper) & pair).sum().to(zero.dtype),
+                                         ((sd < lower) & pair).sum().to(zero.dtype)]))
+                maxima.append(sd.masked_fill(~pair, -2.0).max())
+            total = torch.stack(sums).sum(0) if len(sums) > 1 else sums[0]
+            reg = total[0] / num_pos
+            with torch.no_grad():
                 self.last_stats = dict(L=lower, U=upper, num_pos=zero + num_pos, num_neg=zero + num_neg,
-                                       pos_mean=torch.where(pair, sd, zero).sum() / num_pos,
-                                       pos_max=sd.masked_fill(~pair, -2.0).max(),
-                                       frac_pos_above_U=((sd > upper) & pair).sum() / num_pos,
-                                       frac_pos_below_L=((sd < lower) & pair).sum() / num_pos, reg=reg.detach())
+                                       pos_mean=total[1].detach() / num_pos, pos_max=torch.stack(maxima).max(),
+                                       frac_pos_above_U=total[2].detach() / num_pos,
+                                       frac_pos_below_L=total[3].detach() / num_pos, reg=reg.detach())
         return reg
 
 
@@ -190,7 +207,7 @@ def grad_balanced_total_loss(loss_base, reg, h, params=(), weight=None, alpha_ma
     base_norm, reg_norm = sq.sqrt().unbind()
     ratio = torch.where(reg_norm > 0, base_norm / (reg_norm + 1e-12 * factor), torch.zeros_like(reg_norm))
     if weight is not None:
-        alpha = torch.as_tensor(float(weight), device=h.device)
+        alpha = torch.full((), float(weight), device=h.device)      # a fill on the device: no copy from the host
         binds = torch.zeros((), device=h.device)
     else:
         alpha = ratio.clamp(max=float(alpha_max)) if alpha_max is not None else ratio

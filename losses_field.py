@@ -9,8 +9,8 @@ label: in ``S(i)`` when the label is ``i``'s, else in ``D(i)``; it is never an a
 
 Cost: each loss computes the ``M x M`` logits once and at most one ``[M, M]`` label mask; sums over positives
 that are linear come from per-class sums (:func:`losses.positive_dots`), and the per-pair terms over positives
-(SINCERE, epsilon-SupInfoNCE, L_spread's class-conditional term) run inside class blocks
-(:func:`losses.class_blocks`, ``sum_c n_c^2`` pairs), built on the host from the host's labels
+(SINCERE, epsilon-SupInfoNCE, L_spread's class-conditional term) run inside class blocks grouped by size
+(:func:`losses.class_groups`, at most ``4 sum_c n_c^2`` entries), built on the host from the host's labels
 (``python benchmarks/field_speed.py``). All are computed in float32 (float64 for float64 input), finite for
 every input, deterministic, and free of host synchronizations when the labels are on the host.
 """
@@ -22,7 +22,7 @@ import torch
 from losses import (
     Loss,
     block_pairs,
-    class_blocks,
+    class_groups,
     flatten_views,
     float32_under_autocast,
     on_host,
@@ -84,31 +84,41 @@ def _mean_over_anchors(per_row, n_rows):
 # ---------------------------------------------------------------- KCL
 def kcl_positives(labels, n_views, k, generator):
     """KCL's sampled positives (docs/FIELD.md, "KCL"), built on the host: ``(chosen [M, k'], valid [M, k'])``
-    with ``k' = min(k, largest class block)``; row ``i``'s valid entries are ``min(k, |S(i) \\ O(i)|)`` distinct
-    rows of its class outside its own sample, a uniform draw without replacement (the ``k`` smallest of i.i.d.
-    uniform keys) from ``generator``. Padding entries (``valid`` false) point at row ``i`` itself."""
+    with ``k' = min(k, largest class's rows - V)``; row ``i``'s valid entries are ``min(k, |S(i) \\ O(i)|)`` distinct
+    rows of its class outside its own sample, a uniform draw without replacement. Padding entries (``valid``
+    false) point at row ``i`` itself.
+
+    The draw costs ``O(M (k + V))`` whatever the class sizes (no ``[C, K, K]`` block): each class's rows are put
+    in one random order (one uniform key per row from ``generator``, sorted), and row ``i`` takes the first ``k``
+    rows outside its own sample among the ``k + V - 1`` that follow it in its class's order, cyclically. Given
+    ``i``'s place, the rows that follow it are in a uniformly random order, so each anchor's draw is a uniform
+    ``k``-subset of its candidates (the draws of two anchors of one class are not independent of each other; the
+    loss, a sum over anchors, has the same expectation)."""
     labels = on_host(labels).reshape(-1)
     bsz = labels.shape[0]
     n_rows = bsz * n_views
-    members, present, _ = class_blocks(labels.repeat(n_views), 'cpu')         # stays on the host
-    sample = members % bsz
-    n_cls, width = members.shape
-    take = min(int(k), width)
+    own = torch.arange(n_rows)[:, None]
+    if n_rows == 0:
+        return own[:, :0], torch.zeros(0, 0, dtype=torch.bool)
+    row_labels = labels.repeat(n_views)
+    shuffled = torch.argsort(torch.rand(n_rows, generator=generator))
+    order = shuffled[torch.argsort(row_labels[shuffled], stable=True)]           # rows by class, shuffled within
+    _, counts = torch.unique_consecutive(row_labels[order], return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    size = counts.repeat_interleave(counts)                                    # per place in `order`: its class
+    start = starts.repeat_interleave(counts)
+    place = torch.arange(n_rows) - start                                       # the row's place in its class
+    take = max(0, min(int(k), int(counts.max()) - n_views))
     if take == 0:
-        own = torch.arange(n_rows)[:, None]
         return own[:, :0], torch.zeros(n_rows, 0, dtype=torch.bool)
-    candidate = present[:, None, :] & (sample[:, None, :] != sample[:, :, None])       # [C, K(anchor), K]
-    keys = torch.rand(n_cls, width, width, generator=generator)
-    keys = keys.masked_fill(~candidate, 2.0)
-    drawn, slot = torch.topk(keys, take, dim=-1, largest=False)                     # [C, K, k']
-    valid = drawn < 2.0
-    chosen = torch.gather(members[:, None, :].expand(n_cls, width, width), 2, slot)
-    anchors = members[present]                                                      # the rows, block order
-    out = torch.arange(n_rows)[:, None].repeat(1, take)
-    out_valid = torch.zeros(n_rows, take, dtype=torch.bool)
-    out[anchors] = chosen[present]
-    out_valid[anchors] = valid[present]
-    return torch.where(out_valid, out, torch.arange(n_rows)[:, None]), out_valid
+    ahead = torch.arange(1, take + n_views)                                    # the k + V - 1 rows that follow
+    following = order[start[:, None] + (place[:, None] + ahead) % size[:, None]]    # [M, k + V - 1], by place
+    fresh = ahead[None, :] < size[:, None]                                      # not wrapped onto seen rows
+    candidate = fresh & (following % bsz != order[:, None] % bsz)               # outside the anchor's sample
+    first = torch.argsort((~candidate).to(torch.int8), dim=1, stable=True)[:, :take]   # the first k, in order
+    chosen, valid = torch.empty(n_rows, take, dtype=torch.long), torch.empty(n_rows, take, dtype=torch.bool)
+    chosen[order], valid[order] = following.gather(1, first), candidate.gather(1, first)
+    return torch.where(valid, chosen, own), valid
 
 
 @float32_under_autocast
@@ -199,20 +209,25 @@ def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None):
     logits = self_masked_logits(z, temperature)
     q_logits = queue_logits(z, queue, temperature) if queue is not None else None
     shift = margin / temperature
-    rows, present, _ = class_blocks(on_host(labels).reshape(-1).repeat(n_views), z.device)
-    pairs = block_pairs(present)                                                 # [C, K, K]
+    groups = class_groups(on_host(labels).reshape(-1).repeat(n_views), z.device)
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
-    pair_logits = torch.where(pairs, logits[rows[:, :, None], rows[:, None, :]], zero)   # finite everywhere
+    pair_logits = []                         # read from the logits before negative_logsumexp masks them in place
+    for rows, present in groups.blocks:
+        pairs = block_pairs(present)                                             # [c, k, k]
+        pair_logits.append((pairs, rows, torch.where(pairs, logits[rows[:, :, None], rows[:, None, :]], zero)))
     neg = negative_logsumexp(logits, row_labels, queue, q_logits)               # [M]
-    terms = torch.logaddexp(pair_logits - shift, neg[rows][:, :, None]) - pair_logits
-    total = torch.where(pairs, terms, zero).sum(-1)                              # [C, K]
-    count = pairs.sum(-1).to(z.dtype)
+    totals, counts = [], []
+    for pairs, rows, values in pair_logits:                                      # finite everywhere
+        terms = torch.logaddexp(values - shift, neg[rows][:, :, None]) - values
+        totals.append(torch.where(pairs, terms, zero).sum(-1))                   # [c, k]
+        counts.append(pairs.sum(-1).to(z.dtype))
+    total, count = groups.per_row(totals), groups.per_row(counts)               # [M]
     if queue is not None:
         q_same = _queue_same(row_labels, queue)
         q_terms = torch.logaddexp(q_logits - shift, neg[:, None]) - q_logits
-        total = total + torch.where(q_same, q_terms, zero).sum(1)[rows]
-        count = count + q_same.sum(1).to(z.dtype)[rows]
-    has_pos = present & (count > 0)
+        total = total + torch.where(q_same, q_terms, zero).sum(1)
+        count = count + q_same.sum(1).to(z.dtype)
+    has_pos = count > 0
     per_row = torch.where(has_pos, total / torch.where(has_pos, count, torch.ones_like(count)), zero)
     return _mean_over_anchors(per_row, n_rows)
 
@@ -338,16 +353,15 @@ def spread_loss(features, labels, temperature=0.07, alpha=0.5, queue=None):
     supcon = torch.where(has_pos, log_denom - pos_dot / temperature / torch.where(has_pos, n_pos, 1.0), zero)
     # class-conditional InfoNCE: O(i) over S(i)
     own_dot, n_own = positive_dots(z, z, bsz, n_views)
-    rows, present, _ = class_blocks(on_host(labels).reshape(-1).repeat(n_views), z.device)
-    pairs = block_pairs(present)
-    same = logits[rows[:, :, None], rows[:, None, :]].masked_fill(~pairs, NEG_INF)
-    same_lse = torch.logsumexp(same, dim=-1)                                   # [C, K]
+    groups = class_groups(on_host(labels).reshape(-1).repeat(n_views), z.device)
+    same_lse = groups.per_row([torch.logsumexp(logits[rows[:, :, None], rows[:, None, :]]
+                                               .masked_fill(~block_pairs(present), NEG_INF), dim=-1)
+                               for rows, present in groups.blocks])             # [M]
     if queue is not None:
         q_lse = torch.logsumexp(q_logits.masked_fill(~_queue_same(row_labels, queue), NEG_INF), dim=1)
-        same_lse = torch.logaddexp(same_lse, q_lse[rows])
-    has_own = present & (n_own[rows] > 0)
-    cnce = torch.where(has_own, same_lse - own_dot[rows] / temperature / torch.where(has_own, n_own[rows], 1.0),
-                       zero)
+        same_lse = torch.logaddexp(same_lse, q_lse)
+    has_own = n_own > 0
+    cnce = torch.where(has_own, same_lse - own_dot / temperature / torch.where(has_own, n_own, 1.0), zero)
     return ((1 - alpha) * supcon.sum() + alpha * cnce.sum()) / n_rows
 
 

@@ -123,7 +123,7 @@ def main(argv=None):
         return head(features.float())
 
     def step(batch, backward):
-        images, labels = runtime.to_device(batch[0]), batch[1].to(runtime.device)
+        images, labels = runtime.to_device(batch[0]), batch[1].to(runtime.device, non_blocking=True)
         with runtime.autocast():
             logits = predict(images, ddp_classifier)
         loss = cross_entropy(logits.float(), labels)

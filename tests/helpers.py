@@ -248,6 +248,7 @@ LOSS_CASES = {
     'B = 1': (1, 2, [0]),
     'B = 1, one view': (1, 1, [0]),
     'one view, singletons': (4, 1, [0, 1, 1, 2]),
+    'long tail': (15, 2, [2] * 8 + [0] * 4 + [5] * 2 + [1]),     # 16, 8, 4 and 2 rows: four size groups
 }
 
 

@@ -9,6 +9,10 @@ result's shape or value is needed on the host:
   index assignment, ``repeat_interleave`` without ``output_size``, ``bincount`` (CUDA's computes its size from
   the maximum), ``histc`` without a range;
 - ``equal`` (a Python bool);
+- blocking copies to the device, which on CUDA wait for the device to finish the copy: ``.to(device)`` of host
+  data without ``non_blocking=True``, ``torch.tensor(data, device=...)`` / ``torch.as_tensor(data, device=...)``
+  from host data (a constant made per step: make it on the device once), and indexing device data with host
+  indices (the indices are copied to the device first);
 - copies to the host: ``.tolist()``, ``.numpy()``, ``.cpu()``, ``.to('cpu')`` (wrapped, since they do not
   dispatch on a CPU tensor). The code says which copy it means: a string ``'cpu'`` or ``.cpu()`` is a copy to
   the host, a ``torch.device`` (``opt.device``, ``x.device``) one to the device.
@@ -89,6 +93,10 @@ class SyncCounter(TorchDispatchMode):
             name = func.overloadpacket.__name__
         elif func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default) and _bool_index(args[1]):
             name = f'{func.overloadpacket.__name__} (boolean mask)'
+        elif func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default) and \
+                args[0] not in self._host and args[0] not in self._made and \
+                any(i is not None and i in self._host for i in args[1]):
+            name = f'{func.overloadpacket.__name__} (host indices into device data)'
         elif func is aten.repeat_interleave.Tensor and kwargs.get('output_size') is None:
             name = 'repeat_interleave (no output_size)'
         elif func is aten.histc.default and tuple(args[2:4]) in ((), (0, 0)) and not kwargs:
@@ -114,6 +122,8 @@ class SyncCounter(TorchDispatchMode):
                     self.counts[f'Tensor.{_name}'] += 1
                 out = _original(t, *a, **k)
                 if isinstance(out, torch.Tensor):
+                    if out is t and t not in self._host:     # a copy on a GPU: device data stays device data
+                        out = t.clone()
                     self._host.add(out)
                 return out
             setattr(torch.Tensor, method, wrapped)
@@ -128,17 +138,44 @@ class SyncCounter(TorchDispatchMode):
             if any(isinstance(x, str) and x == 'cpu' for x in targets):
                 if t not in self._host:
                     self.counts['Tensor.to(cpu)'] += 1
+                    if out is t:                             # a copy on a GPU: device data stays device data
+                        out = t.clone()
                 self._host.add(out)
-            elif targets and out is t and t in self._host:     # a copy to the device: device data from here on
-                out = t.clone()
+            elif targets and t in self._host:     # a copy to the device: device data from here on
+                if not k.get('non_blocking', False) and not any(isinstance(x, bool) and x for x in a):
+                    self.counts['Tensor.to(device) (blocking copy)'] += 1
+                if out is t:
+                    out = t.clone()
                 self._host.discard(out)
             return out
         torch.Tensor.to = to
+        for factory in ('tensor', 'as_tensor'):
+            original_factory = getattr(torch, factory)
+            self._saved[f'torch.{factory}'] = original_factory
+
+            def made(data, *a, _original=original_factory, _name=factory, **k):
+                """Python or NumPy data, or host tensors, made into a tensor: host data, or with a ``device=`` a
+                blocking copy to the device."""
+                out = _original(data, *a, **k)
+                from_host = not isinstance(data, torch.Tensor) or data in self._host
+                device = k.get('device')
+                if from_host and device is not None and not (isinstance(device, str) and device == 'cpu'):
+                    self.counts[f'torch.{_name}(device=...) (blocking copy)'] += 1
+                    if out in self._host:
+                        out = out.clone()
+                    self._host.discard(out)
+                elif from_host:
+                    self._host.add(out)
+                return out
+            setattr(torch, factory, made)
         return super().__enter__()
 
     def __exit__(self, *exc):
         for method, original in self._saved.items():
-            setattr(torch.Tensor, method, original)
+            if method.startswith('torch.'):
+                setattr(torch, method[len('torch.'):], original)
+            else:
+                setattr(torch.Tensor, method, original)
         return super().__exit__(*exc)
 
     @property

@@ -19,6 +19,7 @@ RUNS = {
     'augment_speed': ['--skip_epochs', '--images', '64'],
     'gpu_throughput': ['--smoke'],
     'queue_overhead': ['--size', '8', '--batch', '16', '--queue', '64', '--reps', '1'],
+    'carrot_quantile': ['--batch_sizes', '64', '--reps', '1'],
 }
 
 

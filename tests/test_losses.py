@@ -250,3 +250,25 @@ def test_logit_adjustment_power_and_arguments():
     for tau in (-1.0, math.inf):
         with pytest.raises(ValueError):
             LogitAdjustedLoss([1, 2], tau)
+
+
+# ---------------------------------------------------------------- class blocks grouped by size
+def test_class_groups_cover_every_row_once_and_bound_the_padding():
+    """Issue 41: ``class_groups`` puts every row in exactly one block entry of its class, ``per_row`` reads it back,
+    and the padded entries stay within 4 sum_c n_c^2 on a long tail where one block padded to the largest class
+    takes far more (the power check: 10 classes of 2^9 .. 1 rows)."""
+    from losses import class_blocks, class_groups
+    labels = torch.cat([torch.full((2 ** (9 - c),), c) for c in range(10)])[torch.randperm(1023)]
+    groups = class_groups(labels)
+    seen = torch.cat([rows[present] for rows, present in groups.blocks])
+    assert sorted(seen.tolist()) == list(range(labels.shape[0]))
+    for rows, present in groups.blocks:
+        assert (labels[rows] == labels[rows[:, :1]]).masked_fill(~present, True).all()     # one class per block
+    values = [rows.double() + 0.5 for rows, _ in groups.blocks]                          # each entry names its row
+    assert torch.equal(groups.per_row(values), torch.arange(labels.shape[0]).double() + 0.5)
+    sq = float(sum(2 ** (2 * (9 - c)) for c in range(10)))
+    padded = sum(rows.shape[0] * rows.shape[1] ** 2 for rows, _ in groups.blocks)
+    one_block = class_blocks(labels)[0]
+    assert padded <= 4 * sq < one_block.shape[0] * one_block.shape[1] ** 2
+    balanced = class_groups(torch.arange(12) % 3)
+    assert len(balanced.blocks) == 1 and balanced.blocks[0][0].shape == (3, 4)           # as class_blocks

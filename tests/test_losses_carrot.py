@@ -57,8 +57,8 @@ def test_pair_quantiles_equal_torch_quantile(q):
 
 @pytest.mark.parametrize('q', [0.0, 0.1, 0.37, 0.9, 1.0])
 def test_pair_quantile_forms_select_the_same_values(q):
-    """The CPU form (histogram, then kthvalue in a bucket) and the accelerator form (kthvalue on the whole
-    triangle, no host read) pick the same order statistics: equal bit for bit, ties included."""
+    """The CPU form (histogram, then kthvalue in a bucket) and the accelerator form (topk on the whole triangle from
+    the nearer side, no host read) pick the same order statistics: equal bit for bit, ties included."""
     for seed in range(3):
         z = F.normalize(rand(40, 4, seed, dtype=torch.float32), dim=1)
         S = (z @ z.T).clamp(-1, 1)
