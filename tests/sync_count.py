@@ -20,7 +20,8 @@ result's shape or value is needed on the host:
 **Host data is not device data.** Labels and dataset ids come from the loader on the host, and work on them
 there (class blocks, which ids repeat) waits for nothing. The tensors given to :meth:`SyncCounter.host` are
 host data, and so is every result of an operator whose tensor inputs are all host data or made by a factory
-(``arange``, ``full``; no tensor input). Only operators with an input that is device data are counted. On a
+(``arange``, ``full``; no tensor input); a factory called without ``device=`` (``torch.rand(n, generator=g)``) makes
+host data, as it would on a GPU run. Only operators with an input that is device data are counted. On a
 CPU ``.to(device)`` returns its input unchanged; while counting it returns a copy that is device data, as a
 real copy to a GPU is.
 
@@ -40,6 +41,7 @@ SYNCING = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_s
            aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,
            aten.unique_dim_consecutive.default}
 HOST_COPIES = ('tolist', 'numpy', 'cpu')
+HOST_FACTORIES = ('rand', 'randn', 'randint', 'randperm', 'arange', 'empty', 'zeros', 'ones', 'full', 'linspace')
 
 
 class _IdSet:
@@ -149,6 +151,17 @@ class SyncCounter(TorchDispatchMode):
                 self._host.discard(out)
             return out
         torch.Tensor.to = to
+        for factory in HOST_FACTORIES:
+            original_factory = getattr(torch, factory)
+            self._saved[f'torch.{factory}'] = original_factory
+
+            def on_host(*a, _original=original_factory, **k):
+                """A factory called without ``device=`` makes host data (the CPU's, wherever the run is)."""
+                out = _original(*a, **k)
+                if k.get('device') is None and isinstance(out, torch.Tensor):
+                    self._host.add(out)
+                return out
+            setattr(torch, factory, on_host)
         for factory in ('tensor', 'as_tensor'):
             original_factory = getattr(torch, factory)
             self._saved[f'torch.{factory}'] = original_factory
