@@ -198,17 +198,18 @@ class KCLLoss(Loss):
 def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None):
     """SINCERE (``margin = 0``) and epsilon-SupInfoNCE (``margin = eps``) (docs/FIELD.md). Per anchor ``i``::
 
-        l_i = 1/|S(i)| sum_{p in S(i)} [ log( exp(s_ip - eps/tau) + sum_{n in D(i)} exp(s_in) ) - s_ip ]
+        l_i = 1/|S(i)| sum_{p in S(i)} [ log( exp(s_ip - eps) + sum_{n in D(i)} exp(s_in) ) - s_ip ]
 
-    i.e. each positive is contrasted with itself and the anchor's other-class rows only; mean over all ``M``
-    anchors (an anchor without a positive adds 0; one without a negative adds ``-eps/tau``, the equation's value,
+    i.e. each positive is contrasted with itself and the anchor's other-class rows only; ``eps`` in logit units (the
+    authors' convention: in cosine units it is ``eps * tau``); mean over all ``M``
+    anchors (an anchor without a positive adds 0; one without a negative adds ``-eps``, the equation's value,
     with no gradient). The per-pair terms run inside class blocks; ``N_i`` comes from one masked logsumexp."""
     _check_temperature(temperature)
     z, row_labels, _, _, n_views = _rows(features, labels)
     n_rows = z.shape[0]
     logits = self_masked_logits(z, temperature)
     q_logits = queue_logits(z, queue, temperature) if queue is not None else None
-    shift = margin / temperature
+    shift = margin                                          # logit units, as the authors' code
     groups = class_groups(on_host(labels).reshape(-1).repeat(n_views), z.device)
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
     pair_logits = []                         # read from the logits before negative_logsumexp masks them in place
@@ -255,12 +256,12 @@ class SINCERELoss(Loss):
 
 class EpsSupInfoNCELoss(Loss):
     """epsilon-SupInfoNCE (Barbano et al., ICLR 2023, "Unbiased Supervised Contrastive Learning"; docs/FIELD.md,
-    "epsilon-SupInfoNCE"): SINCERE's form with a margin ``eps`` taken from the positive's similarity in the
-    denominator, which asks every negative to stay ``eps`` (in cosine similarity) below each positive. See
-    :func:`sincere_loss`.
+    "epsilon-SupInfoNCE"): SINCERE's form with a margin ``eps`` taken from the positive's logit in the
+    denominator, which asks every negative to stay ``eps`` logits (``eps * tau`` in cosine similarity) below each
+    positive. See :func:`sincere_loss`.
 
     Args:
-        margin: ``eps`` (>= 0, cosine units; the logit moves by ``eps / tau``).
+        margin: ``eps`` (>= 0, logit units, as the authors' code; ``eps * tau`` in cosine similarity).
         temperature: ``tau`` (> 0).
 
     Shapes: as :class:`SINCERELoss`.

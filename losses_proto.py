@@ -179,13 +179,14 @@ class PaCoLoss(Loss):
 
 
 # ---------------------------------------------------------------- TSC
-def uniform_targets(n_classes, dim, seed=0, steps=2000, temperature=0.1):
+def uniform_targets(n_classes, dim, seed=0, steps=10_000, temperature=0.07, lr=1e-3, device='cpu'):
     """TSC's targets: ``n_classes`` unit vectors in ``dim`` dimensions spread uniformly over the sphere, under a
-    random rotation drawn from ``seed`` (float64 on the host; returned ``[C, dim]`` float32). With
-    ``C <= dim + 1`` they are the regular simplex (every pair at cosine ``-1/(C-1)``, the optimum), built
-    directly; otherwise, ``steps`` of gradient descent on the uniformity energy
-    ``mean_i log sum_{j != i} exp(u_i.u_j / T)`` from a seeded Gaussian start, projected back onto the sphere after
-    each step (12 points on the 2-sphere reach the icosahedron; 1,000 classes in 128 dimensions take minutes)."""
+    random rotation drawn from ``seed``; returned ``[C, dim]`` float32 on the CPU. With ``C <= dim + 1`` they are the
+    regular simplex (every pair at cosine ``-1/(C-1)``, the optimum), built directly in float64; otherwise the
+    authors' optimization: ``steps`` of Adam (``lr``) on the uniformity energy
+    ``mean_i log sum_{j != i} exp(u_i.u_j / T)`` (``T = temperature``) of the normalized vectors, from a seeded
+    Gaussian start, in float32 on ``device`` (1,000 classes in 128 dimensions: 10,000 steps of a
+    ``[1000, 1000]`` product, seconds on a GPU; the start is drawn on the CPU, so every device starts alike)."""
     g = torch.Generator().manual_seed(int(seed) % 2 ** 63)
     if n_classes <= dim + 1:
         centered = torch.eye(n_classes, dtype=torch.float64) - 1.0 / n_classes      # the simplex, in R^C
@@ -198,18 +199,25 @@ def uniform_targets(n_classes, dim, seed=0, steps=2000, temperature=0.1):
         q, r = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
         rotation = q * torch.sign(torch.diagonal(r))[None, :]                          # uniform over rotations
         return nn.functional.normalize(u @ rotation.T, dim=1).float()
-    u = nn.functional.normalize(torch.randn(n_classes, dim, generator=g, dtype=torch.float64), dim=1)
-    u.requires_grad_(True)
-    optimizer = torch.optim.SGD([u], lr=0.01)
-    off_diagonal = ~torch.eye(n_classes, dtype=torch.bool)
+    start = nn.functional.normalize(torch.randn(n_classes, dim, generator=g, dtype=torch.float64), dim=1)
+    u = start.float().to(device).requires_grad_(True)
+    optimizer = torch.optim.Adam([u], lr=lr)
+    off_diagonal = ~torch.eye(n_classes, dtype=torch.bool, device=u.device)
     for _ in range(steps):
         optimizer.zero_grad()
-        logits = (u @ u.T / temperature).masked_fill(~off_diagonal, -math.inf)
+        unit_u = nn.functional.normalize(u, dim=1)
+        logits = (unit_u @ unit_u.T / temperature).masked_fill(~off_diagonal, -math.inf)
         torch.logsumexp(logits, dim=1).mean().backward()
         optimizer.step()
-        with torch.no_grad():
-            u.copy_(nn.functional.normalize(u, dim=1))
-    return u.detach().float()
+    return nn.functional.normalize(u.detach(), dim=1).cpu()
+
+
+def target_spread(targets):
+    """``(max cosine, energy)`` of unit ``targets`` ``[C, D]``: the largest cosine between two targets and the
+    uniformity energy ``mean_i log sum_{j != i} exp(u_i.u_j / 0.07)`` (float64)."""
+    u = targets.double()
+    cos = (u @ u.T).fill_diagonal_(-math.inf)
+    return float(cos.max()), float(torch.logsumexp(cos / 0.07, dim=1).mean())
 
 
 def assign_targets(class_means, present, targets):
@@ -233,9 +241,11 @@ def tsc_loss(features, labels, chosen, valid, targets, assignment, temperature=0
         rows i = 1..M (M = V*B unit projections, view-major); s_ia = z_i.a / tau; targets u_1..u_C (unit);
         A(i): every row but i, and every target;  t(i) = u_{assignment[y_i]}: the target of i's class;
         P(i) = O(i) + K(i): KCL's positives (i's other views and its drawn same-class rows);
-        l_i = log sum_{a in A(i)} exp(s_ia) - ( sum_{p in P(i)} s_ip + lambda * s_{i,t(i)} ) / ( |P(i)| + lambda )
+        l_i = -( sum_{p in P(i)} log p_ip + lambda * log p_{i,t(i)} ) / ( |P(i)| + 1 ),
+        log p_ia = s_ia - log sum_{a' in A(i)} exp(s_ia')
 
-    mean over the ``M`` rows (with ``lambda = 0``, an anchor without a positive adds 0).
+    mean over the ``M`` rows: the target's term is weighted by ``lambda`` but counts as one positive in the
+    normalization (the authors' code; with ``lambda = 1`` the plain mean over ``P(i)`` and the target).
 
     Shapes: ``features`` ``[B, V, D]``, ``labels`` ``[B]``, ``chosen``/``valid`` ``[M, k]`` (from
     :func:`losses_field.kcl_positives`), ``targets`` ``[C, D]``, ``assignment`` ``[C]`` (long). Output: scalar
@@ -254,10 +264,9 @@ def tsc_loss(features, labels, chosen, valid, targets, assignment, temperature=0
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
     drawn = torch.where(valid, logits.gather(1, chosen), zero).sum(1)                    # K(i)
     own_target = target_logits.gather(1, assignment.to(z.device)[labels].repeat(n_views)[:, None])[:, 0]
-    n_pos = n_own + valid.sum(1).to(z.dtype) + weight
-    has_pos = n_pos > 0
-    positive = (own_dot / temperature + drawn + weight * own_target) / torch.where(has_pos, n_pos, n_pos + 1)
-    return torch.where(has_pos, log_denominator - positive, zero).mean()
+    n_rows_pos = n_own + valid.sum(1).to(z.dtype)                                       # |P(i)|
+    logit_sum = own_dot / temperature + drawn + weight * own_target
+    return (((n_rows_pos + weight) * log_denominator - logit_sum) / (n_rows_pos + 1)).mean()
 
 
 class TSCLoss(KCLLoss):
@@ -265,27 +274,37 @@ class TSCLoss(KCLLoss):
     docs/FIELD.md, "TSC"): KCL's positives (drawn as :class:`losses_field.KCLLoss` draws them: seeded per call,
     the call count in checkpoints) plus ``C`` fixed targets spread uniformly on the sphere
     (:func:`uniform_targets`, seeded), all in every contrast set, each class's own target a positive. Each
-    epoch the targets are re-assigned to classes by a Hungarian matching to the class means of that epoch's
-    projections (:meth:`end_epoch`, :func:`assign_targets`); the first epoch uses target ``c`` for class ``c``.
-    Targets, assignment and the running class sums are buffers: saved in checkpoints, resumed exactly.
+    epoch (``assign='epoch'``) the targets are re-assigned to classes by a Hungarian matching to the class means of
+    that epoch's projections (:meth:`end_epoch`, :func:`assign_targets`); the first epoch uses target ``c`` for class
+    ``c``. ``assign='step'`` is the authors' schedule: after every step, against class centroids that follow the
+    batches' class means by an exponential moving average (``ema``), which reads the centroids back to the host
+    every step (one wait for the device per step). Targets, assignment, the running class sums and centroids are
+    buffers: saved in checkpoints, resumed exactly.
 
     Args:
         n_classes: ``C``; feat_dim: the projections' dimension.
         k: KCL's drawn positives per anchor; temperature: ``tau``; weight: ``lambda`` of :func:`tsc_loss`.
-        seed: seeds the targets and the draws.
+        seed: seeds the targets and the draws; device: where the targets are optimized (:func:`uniform_targets`).
+        assign: ``'epoch'`` or ``'step'``; ema: the centroids' decay under ``'step'``.
 
     Statistics: ``tsc/target_cos``, the mean cosine between the rows and their class's target.
     """
 
-    def __init__(self, n_classes, feat_dim, k=6, temperature=0.07, weight=1.0, seed=0):
+    def __init__(self, n_classes, feat_dim, k=6, temperature=0.07, weight=1.0, seed=0, assign='epoch', ema=0.9,
+                 device='cpu'):
         super().__init__(k, temperature, seed)
         if not (weight >= 0 and math.isfinite(weight)):
             raise ValueError(f'weight must be finite and >= 0, got {weight}')
-        self.weight = weight
-        self.register_buffer('targets', uniform_targets(n_classes, feat_dim, seed))
+        if assign not in ('epoch', 'step') or not 0 <= ema < 1:
+            raise ValueError(f'need assign in (epoch, step) and ema in [0, 1), got {assign!r} and {ema}')
+        self.weight, self.assign, self.ema = weight, assign, ema
+        self.register_buffer('targets', uniform_targets(n_classes, feat_dim, seed, device=device))
         self.register_buffer('assignment', torch.arange(n_classes))
         self.register_buffer('class_sums', torch.zeros(n_classes, feat_dim))     # float32: any device has it
         self.register_buffer('class_counts', torch.zeros(n_classes))
+        if assign == 'step':
+            self.register_buffer('centroids', torch.zeros(n_classes, feat_dim))
+            self.register_buffer('seen', torch.zeros(n_classes, dtype=torch.bool))
 
     def forward(self, features, labels):
         if features.dim() < 3:
@@ -296,16 +315,32 @@ class TSCLoss(KCLLoss):
             z, _, n_views = flatten_views(features.detach().float())
             rows = labels.reshape(-1).to(z.device, non_blocking=True).repeat(n_views)
             one_hot = (rows[:, None] == torch.arange(self.targets.shape[0], device=z.device)).float()
-            self.class_sums += one_hot.T @ z
-            self.class_counts += one_hot.sum(0)
+            sums, counts = one_hot.T @ z, one_hot.sum(0)
+            self.class_sums += sums
+            self.class_counts += counts
             target_cos = (z * self.targets[self.assignment[rows]]).sum(1).mean()
         self.last_stats = {'target_cos': target_cos}
-        return tsc_loss(features, labels, chosen, valid, self.targets, self.assignment, self.temperature, self.weight)
+        loss = tsc_loss(features, labels, chosen, valid, self.targets, self.assignment, self.temperature, self.weight)
+        if self.assign == 'step':
+            self._assign_step(sums, counts)
+        return loss
+
+    @torch.no_grad()
+    def _assign_step(self, sums, counts):
+        """The authors' schedule: the batch's class means into the centroids (a class's first mean as it is), then
+        the Hungarian matching against them, for the next step (a host read of the centroids)."""
+        present = counts > 0
+        mean = sums / counts.clamp(min=1)[:, None]
+        moved = torch.where(self.seen[:, None], self.ema * self.centroids + (1 - self.ema) * mean, mean)
+        self.centroids.copy_(torch.where(present[:, None], moved, self.centroids))
+        self.seen |= present
+        self.assignment.copy_(assign_targets(self.centroids, self.seen, self.targets))
 
     def end_epoch(self):
-        """Re-assign the targets to the classes seen this epoch (Hungarian matching), then clear the sums."""
+        """Re-assign the targets to the classes seen this epoch (Hungarian matching; ``assign='epoch'``), then clear
+        the sums."""
         present = self.class_counts > 0
-        if bool(present.any()):
+        if self.assign == 'epoch' and bool(present.any()):
             self.assignment.copy_(assign_targets(self.class_sums, present, self.targets))
         self.class_sums.zero_()
         self.class_counts.zero_()

@@ -191,10 +191,10 @@ register(Method('SINCERE', lambda temp: SINCERELoss(temperature=temp), takes_que
 register(Method('EpsSupInfoNCE', lambda eps_margin, temp: EpsSupInfoNCELoss(eps_margin, temperature=temp),
                 takes_queue=True, help='epsilon-SupInfoNCE (Barbano et al. 2023): SINCERE with a margin',
                 flags={'--eps_margin': dict(type=float, default=0.1,
-                                            help='epsilon-SupInfoNCE: the margin eps in cosine similarity (default '
-                                                 '0.1)')},
+                                            help='epsilon-SupInfoNCE: the margin eps in logits, as the authors\' '
+                                                 'code (eps * temp in cosine similarity; default 0.1)')},
                 check=lambda eps_margin: check(eps_margin >= 0, f'--eps_margin must be >= 0, got {eps_margin}'),
-                run_name=lambda eps_margin, temp: (f'EpsSupInfoNCE_eps_{eps_margin}', f'temp_{temp}')))
+                run_name=lambda eps_margin, temp: (f'EpsSupInfoNCE_eps_{eps_margin}_logit', f'temp_{temp}')))
 register(Method('SupDCL', lambda temp: SupDCLLoss(temperature=temp), takes_queue=True,
                 help='supervised decoupled contrastive (Yeh et al. 2022): other classes only in the denominator'))
 register(Method('Spread', lambda spread_alpha, temp: SpreadLoss(spread_alpha, temperature=temp), takes_queue=True,
@@ -268,12 +268,19 @@ def _check_tsc(kcl_k, tsc_weight):
     check(math.isfinite(tsc_weight) and tsc_weight >= 0, f'--tsc_weight must be finite and >= 0, got {tsc_weight}')
 
 
-register(Method('TSC', lambda class_counts, feat_dim, kcl_k, temp, tsc_weight, seed: TSCLoss(
-                    len(class_counts), feat_dim, kcl_k, temperature=temp, weight=tsc_weight, seed=seed),
+register(Method('TSC', lambda class_counts, feat_dim, kcl_k, temp, tsc_weight, tsc_assign, seed, device: TSCLoss(
+                    len(class_counts), feat_dim, kcl_k, temperature=temp, weight=tsc_weight, seed=seed,
+                    assign=tsc_assign, device=device),
                 help='targeted supervised contrastive (Li et al. 2022): KCL + class targets spread on the sphere, '
-                     'assigned to classes each epoch', stats_prefix='tsc/',
+                     'assigned to classes each epoch (or each step)', stats_prefix='tsc/',
                 flags={**KCL_K, '--tsc_weight': dict(type=float, default=1.0,
                                                      help='TSC: weight lambda of the own-class target among the '
-                                                          'positives (default 1.0)')},
+                                                          'positives, which counts as one positive (default 1.0)'),
+                       '--tsc_assign': dict(choices=['epoch', 'step'], default='epoch',
+                                            help='TSC: re-assign the targets after every epoch to that epoch\'s class '
+                                                 'means, or after every step to moving-average centroids (the '
+                                                 'authors\'; a host read per step)')},
                 check=_check_tsc,
-                run_name=lambda kcl_k, tsc_weight, temp: (f'TSC_k_{kcl_k}_w_{tsc_weight}', f'temp_{temp}')))
+                run_name=lambda kcl_k, tsc_weight, tsc_assign, temp: (
+                    f'TSC_k_{kcl_k}_w_{tsc_weight}' + ('_assign_step' if tsc_assign == 'step' else ''),
+                    f'temp_{temp}')))

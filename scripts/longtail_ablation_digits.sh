@@ -28,6 +28,7 @@ declare -A ARGS=(
     [BCL]="main_supcon.py --method BCL --temp 0.1"
     [PaCo]="main_supcon.py --method PaCo --temp 0.1 --queue_size 1024 --moco_m 0.99"
     [TSC]="main_supcon.py --method TSC --temp 0.1"
+    [TSC-step]="main_supcon.py --method TSC --temp 0.1 --tsc_assign step"
     [RASCAL]="main_supcon.py --method RASCAL --temp 0.1"
     [SupCon+CARROT]="main_supcon.py --method SupCon --temp 0.1 --carrot"
     [CE]="main_ce.py"

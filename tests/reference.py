@@ -239,7 +239,7 @@ def kcl(features, labels, drawn, temperature):
 
 def sincere(features, labels, temperature, margin=0.0, queue=None):
     """SINCERE (``margin`` 0) / epsilon-SupInfoNCE: per positive ``p`` of anchor ``i``,
-    ``log(exp((z_i.z_p - eps)/tau) + sum_{n: other label} exp(z_i.z_n/tau)) - z_i.z_p/tau``, averaged over the
+    ``log(exp(z_i.z_p/tau - eps) + sum_{n: other label} exp(z_i.z_n/tau)) - z_i.z_p/tau``, averaged over the
     positives, then over the anchors."""
     rows, n_rows = _field_rows(features, labels, queue)
     total = features.sum() * 0.0
@@ -252,7 +252,7 @@ def sincere(features, labels, temperature, margin=0.0, queue=None):
         terms = []
         for p in P:
             s_p = zi @ rows[p][0] / temperature
-            terms.append(_logsumexp([s_p - margin / temperature] + [zi @ rows[n][0] / temperature for n in N]) - s_p)
+            terms.append(_logsumexp([s_p - margin] + [zi @ rows[n][0] / temperature for n in N]) - s_p)
         total = total + sum(terms) / len(P)
     return total / n_rows
 
@@ -343,8 +343,9 @@ def paco(features, labels, class_logits, temperature, alpha, beta, gamma, queue=
 
 def tsc(features, labels, drawn, targets, assignment, temperature, weight):
     """TSC: anchor ``i`` against every other row and every target; positives: its own other views and the rows
-    ``drawn[i]`` (weight 1 each) and its class's target ``targets[assignment[y_i]]`` (weight ``weight``);
-    weighted mean of the positives' ``log denominator - logit``, then mean over the rows (0 without a positive)."""
+    ``drawn[i]`` (weight 1 each) and its class's target ``targets[assignment[y_i]]`` (weight ``weight``); the
+    weighted sum of the positives' ``log denominator - logit`` over their count plus one (the target counts as one
+    positive whatever its weight, as in the authors' code), then mean over the rows."""
     rows, n_rows = _field_rows(features, labels)
     total = features.sum() * 0.0
     for i in range(n_rows):
@@ -354,9 +355,8 @@ def tsc(features, labels, drawn, targets, assignment, temperature, weight):
         log_den = _logsumexp(logits)
         terms = [(1.0, zi @ rows[p][0] / temperature) for p in range(n_rows) if p != i and rows[p][2] == si]
         terms += [(1.0, zi @ rows[p][0] / temperature) for p in drawn[i]]
-        terms += [(weight, zi @ targets[int(assignment[yi])] / temperature)] if weight > 0 else []
-        if terms:
-            total = total + sum(w * (log_den - logit) for w, logit in terms) / sum(w for w, _ in terms)
+        terms += [(weight, zi @ targets[int(assignment[yi])] / temperature)]
+        total = total + sum(w * (log_den - logit) for w, logit in terms) / len(terms)
     return total / n_rows
 
 

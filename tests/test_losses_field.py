@@ -88,12 +88,13 @@ def test_power_the_references_tell_the_losses_apart():
 
 
 def test_one_class_values_by_definition():
-    """One class, no queue: SupDCL and SINCERE have no negatives (0 and, with a margin, -eps/tau); L_spread's
+    """One class, no queue: SupDCL and SINCERE have no negatives (0 and, with a margin, -eps: logit units since
+    issue 41); L_spread's
     class-conditional term is SimCLR's NT-Xent with tau_base = tau."""
     feats, labels = case('one class')
     assert float(supdcl_loss(feats, labels, TAU)) == 0.0
     assert float(sincere_loss(feats, labels, TAU)) == 0.0
-    assert math.isclose(float(sincere_loss(feats, labels, TAU, 0.3)), -0.3 / TAU, rel_tol=1e-12)
+    assert math.isclose(float(sincere_loss(feats, labels, TAU, 0.3)), -0.3, rel_tol=1e-12)
     simclr = SupConLoss(TAU, base_temperature=TAU)(feats)
     torch.testing.assert_close(spread_loss(feats, labels, TAU, 1.0), simclr)
 

@@ -29,6 +29,7 @@ CASES = {
                    '0.5', '--paco_beta', '2'],
     'GPaCo+CARROT': ['--method', 'GPaCo', '--carrot', '--carrot_alpha_max', 'inf'],
     'TSC': ['--method', 'TSC', '--kcl_k', '2', '--tsc_weight', '2'],
+    'TSC assigned each step': ['--method', 'TSC', '--kcl_k', '2', '--tsc_assign', 'step'],
 }
 
 
