@@ -226,11 +226,10 @@ class SupConLoss(Loss):
             # the only M x M work: the logits and one logsumexp over each row's non-self entries
             logits = anchor @ contrast.T / self.temperature
             logits.diagonal().fill_(-math.inf)               # anchor i is row i: not in its own denominator
-            if queue is not None:                            # valid queue entries join every denominator
-                q_feat = queue.feat.to(contrast.dtype)
-                q_logits = (anchor @ q_feat.T / self.temperature).masked_fill(~queue.valid, -math.inf)
-                logits = torch.cat([logits, q_logits], dim=1)
             log_denom = torch.logsumexp(logits, dim=1)
+            if queue is not None:         # valid queue entries join every denominator: one [A, K] block, no copy
+                q_logits = queue_logits(anchor, queue, self.temperature).masked_fill_(~queue.valid, -math.inf)
+                log_denom = torch.logaddexp(log_denom, torch.logsumexp(q_logits, dim=1))
             pos_dot, n_pos = positive_dots(anchor, contrast, bsz, n_views, labels, mask, queue)
             has_pos = n_pos >= 1e-6
             n_pos = torch.where(has_pos, n_pos, torch.ones_like(n_pos))
@@ -238,6 +237,12 @@ class SupConLoss(Loss):
             mean_log_prob_pos = torch.where(has_pos, mean_log_prob_pos, torch.zeros_like(mean_log_prob_pos))
             loss = -(self.temperature / self.base_temperature) * mean_log_prob_pos
         return loss.mean()
+
+
+def queue_logits(z, queue, temperature):
+    """``[M, K]`` logits ``z_i.q_j / tau`` against the queue's keys (valid or not: callers mask), made as one
+    ``[M, K]`` tensor (the scale goes to ``z``, ``[M, D]``, not to a second ``[M, K]``)."""
+    return (z / temperature) @ queue.feat.to(z.dtype).T
 
 
 def positive_dots(anchor, contrast, bsz, n_views, labels=None, mask=None, queue=None):
@@ -258,11 +263,20 @@ def positive_dots(anchor, contrast, bsz, n_views, labels=None, mask=None, queue=
     return pos_dot, n_pos
 
 
-def queue_positive_sums(labels, queue, q_feat):
+QUEUE_CHUNK = 8192     # queue columns per label-match block: a [B, 8192] block, not [B, K] (1 GB at B 4096, K 65536)
+
+
+def queue_positive_sums(labels, queue, q_feat, chunk=QUEUE_CHUNK):
     """Per sample ``b``: the sum of the valid queue keys with ``b``'s label ``[B, D]`` and their count ``[B]``, as
-    one product of the ``[B, K]`` label-match matrix with the keys (deterministic, fixed shapes: no host sync)."""
-    same = ((labels.reshape(-1, 1) == queue.label[None, :]) & queue.valid[None, :]).to(q_feat.dtype)   # [B, K]
-    return same @ q_feat, same.sum(1)
+    products of ``[B, chunk]`` blocks of the label-match matrix with the keys, summed in a fixed order (deterministic,
+    fixed shapes: no host sync; the memory of one block, whatever the queue's size)."""
+    labels = labels.reshape(-1, 1)
+    sums, counts = 0, 0
+    for start in range(0, q_feat.shape[0], chunk):
+        end = start + chunk
+        same = ((labels == queue.label[None, start:end]) & queue.valid[None, start:end]).to(q_feat.dtype)
+        sums, counts = sums + same @ q_feat[start:end], counts + same.sum(1)
+    return sums, counts
 
 
 def positive_sums(sample_sum, labels=None, mask=None):

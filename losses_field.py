@@ -27,6 +27,7 @@ from losses import (
     float32_under_autocast,
     on_host,
     positive_dots,
+    queue_logits,
     upcast,
 )
 
@@ -57,20 +58,16 @@ def self_masked_logits(z, temperature):
     return logits
 
 
-def queue_logits(z, queue, temperature):
-    """``[M, K]`` logits ``z_i.q_j / tau`` against the queue's keys (valid or not: callers mask)."""
-    return z @ queue.feat.to(z.dtype).T / temperature
-
-
 def negative_logsumexp(logits, row_labels, queue=None, q_logits=None):
     """``N_i = log sum_{n in D(i)} exp(s_in)`` per row ``[M]`` (``-inf`` where ``i`` has no negative), from the
-    logits and the one ``[M, M]`` label mask; valid queue keys of another label join ``D(i)``. The logits are
-    consumed (masked in place: read what else you need from them first)."""
-    masked = logits.masked_fill_(row_labels[:, None] == row_labels[None, :], NEG_INF)
+    logits and the one ``[M, M]`` label mask; valid queue keys of another label join ``D(i)`` (their logsumexp is
+    added to the batch's, no ``[M, M + K]`` copy). The logits are consumed (masked in place: read what else you need
+    from them first); ``q_logits`` are not."""
+    neg = torch.logsumexp(logits.masked_fill_(row_labels[:, None] == row_labels[None, :], NEG_INF), dim=1)
     if queue is not None:
         q_other = (row_labels[:, None] != queue.label[None, :]) & queue.valid[None, :]
-        masked = torch.cat([masked, q_logits.masked_fill(~q_other, NEG_INF)], 1)
-    return torch.logsumexp(masked, dim=1)
+        neg = torch.logaddexp(neg, torch.logsumexp(q_logits.masked_fill(~q_other, NEG_INF), dim=1))
+    return neg
 
 
 def _queue_same(row_labels, queue):
@@ -342,12 +339,11 @@ def spread_loss(features, labels, temperature=0.07, alpha=0.5, queue=None):
         return (z * 0).sum()
     logits = self_masked_logits(z, temperature)
     q_logits = None
-    if queue is not None:
+    log_denom = torch.logsumexp(logits, dim=1)
+    if queue is not None:                                      # no [M, M + K] copy: the two logsumexps added
         q_logits = queue_logits(z, queue, temperature)
-        full = torch.cat([logits, q_logits.masked_fill(~queue.valid[None, :], NEG_INF)], 1)
-    else:
-        full = logits
-    log_denom = torch.logsumexp(full, dim=1)
+        log_denom = torch.logaddexp(log_denom, torch.logsumexp(q_logits.masked_fill(~queue.valid[None, :], NEG_INF),
+                                                               dim=1))
     # SupCon
     pos_dot, n_pos = positive_dots(z, z, bsz, n_views, on_device, None, queue)
     has_pos = n_pos > 0

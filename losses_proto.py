@@ -13,7 +13,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from losses import LogitAdjustedLoss, Loss, flatten_views, float32_under_autocast, positive_dots, upcast
+from losses import (
+    LogitAdjustedLoss,
+    Loss,
+    flatten_views,
+    float32_under_autocast,
+    positive_dots,
+    queue_logits,
+    upcast,
+)
 from losses_field import KCLLoss, kcl_positives
 
 
@@ -118,8 +126,8 @@ def paco_loss(features, labels, class_logits, temperature=0.05, alpha=0.01, beta
 
     Shapes: ``features`` ``[B, V, D]`` unit rows, ``labels`` ``[B]`` in ``[0, C)``, ``class_logits`` ``[V*B, C]``
     (view-major, as the rows); ``queue``: a ``memory_queue.QueueView``. Output: scalar (float32, float64 for
-    float64 input). One logsumexp over ``[M, C + M (+ K)]``; the positive sums from per-class sums
-    (:func:`losses.positive_dots`); no host synchronization.
+    float64 input). One logsumexp over each of ``[M, C]``, ``[M, M]`` (and ``[M, K]``), added; the positive sums
+    from per-class sums (:func:`losses.positive_dots`); no host synchronization.
     """
     z, bsz, n_views = flatten_views(features)
     z = upcast(z)
@@ -128,11 +136,10 @@ def paco_loss(features, labels, class_logits, temperature=0.05, alpha=0.01, beta
     log_gamma = math.log(gamma) if gamma > 0 else -math.inf
     logits = z @ z.T / temperature
     logits.diagonal().fill_(-math.inf)                                      # i is not in its own sums
-    parts = [class_logits, logits + log_gamma]
-    if queue is not None:
-        q_logits = z @ queue.feat.to(z.dtype).T / temperature
-        parts.append(q_logits.masked_fill(~queue.valid[None, :], -math.inf) + log_gamma)
-    log_denominator = torch.logsumexp(torch.cat(parts, 1), dim=1)                         # [M]
+    log_denominator = torch.logaddexp(torch.logsumexp(class_logits, dim=1), torch.logsumexp(logits, dim=1) + log_gamma)
+    if queue is not None:                                   # no [M, C + M + K] copy: the logsumexps added
+        q_logits = queue_logits(z, queue, temperature).masked_fill_(~queue.valid[None, :], -math.inf)
+        log_denominator = torch.logaddexp(log_denominator, torch.logsumexp(q_logits, dim=1) + log_gamma)
     own_class = class_logits.gather(1, labels.repeat(n_views)[:, None])[:, 0]
     positive_sum, n_positive = positive_dots(z, z, bsz, n_views, labels, queue=queue)
     weighted = (beta * own_class + alpha * positive_sum / temperature) / (beta + alpha * n_positive)

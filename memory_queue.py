@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from flags import Feature, check
+from losses import QUEUE_CHUNK
 
 
 class QueueView(NamedTuple):
@@ -109,10 +110,15 @@ class MemoryQueue(nn.Module):
         n_valid = valid.sum().clamp(min=1)
         stats = {'queue/fill': valid.mean(),
                  'queue/key_age': ((self.steps - self.written).float() * valid).sum() / n_valid}
-        if labels is not None:
-            labels = labels.to(self.label.device, non_blocking=True)
-        same = (self.label[None, :] == labels.reshape(-1, 1)) & self.valid if labels is not None else None
-        stats['queue/pos_per_anchor'] = same.sum(1).float().mean() if same is not None else valid.new_zeros(())
+        if labels is None:
+            stats['queue/pos_per_anchor'] = valid.new_zeros(())
+            return stats
+        labels = labels.to(self.label.device, non_blocking=True).reshape(-1, 1)
+        count = 0
+        for start in range(0, self.size, QUEUE_CHUNK):      # [B, chunk] blocks, not a [B, K] mask
+            end = start + QUEUE_CHUNK
+            count = count + ((self.label[None, start:end] == labels) & self.valid[None, start:end]).sum(1)
+        stats['queue/pos_per_anchor'] = count.float().mean()
         return stats
 
 

@@ -20,6 +20,7 @@ RUNS = {
     'gpu_throughput': ['--smoke'],
     'queue_overhead': ['--size', '8', '--batch', '16', '--queue', '64', '--reps', '1'],
     'carrot_quantile': ['--batch_sizes', '64', '--reps', '1'],
+    'queue_memory': ['--batch', '32', '--queue', '128'],
 }
 
 

@@ -272,3 +272,18 @@ def test_class_groups_cover_every_row_once_and_bound_the_padding():
     assert padded <= 4 * sq < one_block.shape[0] * one_block.shape[1] ** 2
     balanced = class_groups(torch.arange(12) % 3)
     assert len(balanced.blocks) == 1 and balanced.blocks[0][0].shape == (3, 4)           # as class_blocks
+
+
+def test_queue_positive_sums_in_blocks_equal_one_block():
+    """Issue 41: the queue's per-sample positive sums, built from [B, chunk] blocks of the label match (bounded memory
+    at MoCo's queue sizes), equal the single [B, K] product; the counts exactly."""
+    from helpers import loss_queue
+    from losses import queue_positive_sums
+    queue = loss_queue(k=23, d=6, n_classes=3, seed=2)
+    labels = torch.tensor([0, 1, 2, 1, 0, 5])
+    whole = queue_positive_sums(labels, queue, queue.feat, chunk=1000)
+    for chunk in (1, 4, 7):
+        blocks = queue_positive_sums(labels, queue, queue.feat, chunk=chunk)
+        torch.testing.assert_close(blocks[0], whole[0], rtol=1e-12, atol=1e-12)
+        assert torch.equal(blocks[1], whole[1])
+    assert whole[1].tolist()[-1] == 0 and whole[1].sum() > 0
