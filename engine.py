@@ -228,8 +228,9 @@ SHOT_GROUPS = {'many': (101, None), 'medium': (20, 100), 'few': (0, 19)}   # tra
 class CalibrationBins:
     """The expected calibration error (L1) over ``n_bins`` equal-width confidence bins, accumulated on ``device``:
     ``ECE = sum_b |sum_{i in b} 1[correct_i] - sum_{i in b} conf_i| / N`` with ``conf_i`` the top probability and
-    bin ``b`` holding ``conf`` in ``(b / n, (b + 1) / n]`` (torchmetrics' ``MulticlassCalibrationError`` binning,
-    which it equals up to rounding). Per-bin sums are one-hot products in float64: deterministic, fixed shapes."""
+    bin ``b`` holding ``conf`` in ``[b / n, (b + 1) / n)`` (``bucketize(right=True) - 1``), ``conf = 1`` in a bin of
+    its own (index ``n``): torchmetrics' ``MulticlassCalibrationError`` binning, which it equals up to rounding.
+    Per-bin sums are one-hot products in float64: deterministic, fixed shapes."""
 
     def __init__(self, n_bins, device):
         self.edges = torch.linspace(0, 1, n_bins + 1, device=device)

@@ -228,8 +228,14 @@ STAGE1_INPUT = ('model', 'size', 'mean', 'std')
 def adopt_stage1_settings(opt, given):
     """main_linear.py: ``--model``, ``--size``, ``--mean`` and ``--std`` as the stage-1 checkpoint's configuration
     has them (its dataset's normalization when it used the default); a different value given on the command line
-    is a one-line error. Checkpoints without a configuration (SupContrast's) leave the flags as they are."""
+    is a one-line error. Without ``--dataset`` (and ``--data_folder``) the encoder is evaluated on the dataset it was
+    trained on, not on the flag's default. Checkpoints without a configuration (SupContrast's) leave the flags as
+    they are."""
     config = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)').get('config') or {}
+    if 'dataset' not in given and config.get('dataset') in DATASETS:     # not digits, the flag's default, silently
+        opt.dataset = config['dataset']
+        if 'data_folder' not in given and config.get('data_folder') is not None:
+            opt.data_folder = config['data_folder']
     saved = {key: config.get(key) for key in STAGE1_INPUT}
     if config.get('dataset') in DATASETS and dataset_info(config['dataset']).mean_std is not None:
         saved['mean'], saved['std'] = mean_std(config['dataset'], config.get('mean'), config.get('std'))
@@ -252,9 +258,9 @@ def parse_option(script, argv=None):
     opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(build_parser(script).parse_args(argv))})
     given = given_flags(script, argv)
     opt.script = script
-    info = dataset_info(opt.dataset)
     if script == 'linear' and opt.ckpt and os.path.isfile(opt.ckpt):    # a missing file: one line, later
         adopt_stage1_settings(opt, given)
+    info = dataset_info(opt.dataset)
     if opt.model is None and script != 'linear':  # main_linear takes the checkpoint's
         opt.model = info.model
     if opt.size is None:

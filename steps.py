@@ -114,6 +114,8 @@ class Pretraining:
         "Host synchronizations")."""
         runtime, model = self.runtime, self.model
         n_views = len(views)
+        # on the device once: the step's forward(s) and the key encoder read the same copies (no-ops when there)
+        views = [v.to(runtime.device, non_blocking=True) for v in views]
         kept = {}
         queue_stats = self.queue.statistics(self._global_labels(labels)) if self.queue is not None else {}
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None

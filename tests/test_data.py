@@ -212,3 +212,40 @@ def test_a_sixteen_bit_image_folder_trains_and_a_float_image_is_named(tmp_path):
     Image.fromarray(np.ones((12, 12), np.float32), 'F').save(tmp_path / 'imgs' / 'train' / 'a' / 'float.tif')
     assert_one_line_error(run_in_process('main_ce.py', *common, '--save_folder', tmp_path / 'ce2'),
                           'float.tif has floating-point pixels')
+
+
+@pytest.mark.slow
+def test_image_folder_of_mixed_modes_trains_analyzes_and_evaluates(tmp_path):
+    """Issue 41, item 10: an ImageFolder whose images are grey, palette, 1-bit, grey + alpha, RGBA, CMYK and 16-bit
+    grey, of other sizes than the rest, with a class folder holding one image, goes through the real scripts:
+    pre-training, analyze.py and linear evaluation, which (given no --dataset) evaluates on the checkpoint's own
+    dataset and folder, not on the flag's default (digits: a silent wrong result before)."""
+    import json
+
+    from PIL import Image
+    root = make_image_folder(tmp_path / 'data', per_class=4, size=12)
+    rng = np.random.default_rng(1)
+    pixels = lambda *shape: rng.integers(0, 256, shape, dtype=np.uint8)
+    odd = {'grey.png': Image.fromarray(pixels(12, 12)), 'rgba.png': Image.fromarray(pixels(12, 12, 4)),
+           'palette.png': Image.fromarray(pixels(12, 12, 3)).convert('P'),
+           'bits.png': Image.fromarray(pixels(12, 12)).convert('1'),
+           'grey_alpha.png': Image.fromarray(pixels(12, 12, 2), 'LA'),
+           'cmyk.jpg': Image.fromarray(pixels(12, 12, 3)).convert('CMYK'),
+           'wide.jpg': Image.fromarray(pixels(10, 15, 3)),
+           'grey16.png': Image.fromarray(rng.integers(0, 65536, (12, 12), dtype=np.uint16))}
+    for split in ('train', 'val'):
+        for i, (name, image) in enumerate(odd.items()):
+            image.save(os.path.join(root, split, 'abc'[i % 3], name))
+        os.makedirs(os.path.join(root, split, 'single'))
+        Image.fromarray(pixels(12, 12, 3)).save(os.path.join(root, split, 'single', 'only.png'))
+    data = ['--dataset', 'path', '--data_folder', root, '--mean', '(0.5, 0.5, 0.5)', '--std', '(0.25, 0.25, 0.25)']
+    run_script('main_supcon.py', *data, '--model', 'resnet_tiny', '--size', 8, '--epochs', 1, '--batch_size', 8,
+               '--num_workers', 0, '--device', 'cpu', '--save_folder', tmp_path / 'pre')
+    ckpt = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    out = run_script('analyze.py', '--ckpt', ckpt, '--device', 'cpu', '--out', tmp_path / 'analysis')
+    assert 'analysis written' in out.stdout and os.path.isfile(tmp_path / 'analysis' / 'summary.md')
+    run_script('main_linear.py', '--ckpt', ckpt, '--epochs', 1, '--batch_size', 8, '--num_workers', 0,
+               '--device', 'cpu', '--save_folder', tmp_path / 'lin')
+    results = json.load(open(os.path.join(only_run_folder(tmp_path / 'lin'), 'results.json')))
+    assert results['config']['dataset'] == 'path' and results['config']['data_folder'] == str(root)
+    assert len(results['final_test_per_class_acc']) == 4            # a, b, c and the one-image class

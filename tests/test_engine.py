@@ -385,3 +385,14 @@ def test_a_burst_of_sigterms_gives_one_line(tmp_path):
     assert err.strip().splitlines() == [f'main_ce.py: interrupted; the last complete checkpoint is intact: '
                                         f'continue with --resume {last}'], err
     assert load(last)['epoch'] >= 1
+
+
+def test_calibration_bins_hold_their_lower_edge():
+    """Issue 41: bin b holds confidences in [b/n, (b+1)/n) (a confidence on an edge goes to the bin above it) and a
+    confidence of 1 has a bin of its own, as the docstring says."""
+    from engine import CalibrationBins
+    bins = CalibrationBins(4, torch.device('cpu'))
+    conf = torch.tensor([0.5, 0.75, 0.7499, 1.0], dtype=torch.float64)
+    probs = torch.stack([conf, (1 - conf) / 2, (1 - conf) / 2], 1)
+    bins.update(probs, torch.zeros(4, dtype=torch.long))
+    assert bins.sums[1].tolist() == pytest.approx([0, 0, 0.5 + 0.7499, 0.75, 1.0])
