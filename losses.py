@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+QUEUE_CHUNK = 8192     # queue columns per block of the queue's work: [B, 8192], not [B, K] (1 GB at B 4096, K 65536)
+
 
 class Loss(nn.Module):
     """Base of the project's losses: one way to report statistics.
@@ -227,9 +229,8 @@ class SupConLoss(Loss):
             logits = anchor @ contrast.T / self.temperature
             logits.diagonal().fill_(-math.inf)               # anchor i is row i: not in its own denominator
             log_denom = torch.logsumexp(logits, dim=1)
-            if queue is not None:         # valid queue entries join every denominator: one [A, K] block, no copy
-                q_logits = queue_logits(anchor, queue, self.temperature).masked_fill_(~queue.valid, -math.inf)
-                log_denom = torch.logaddexp(log_denom, torch.logsumexp(q_logits, dim=1))
+            if queue is not None:         # valid queue entries join every denominator, [A, chunk] at a time
+                log_denom = torch.logaddexp(log_denom, queue_logsumexp(anchor, queue, self.temperature))
             pos_dot, n_pos = positive_dots(anchor, contrast, bsz, n_views, labels, mask, queue)
             has_pos = n_pos >= 1e-6
             n_pos = torch.where(has_pos, n_pos, torch.ones_like(n_pos))
@@ -237,6 +238,42 @@ class SupConLoss(Loss):
             mean_log_prob_pos = torch.where(has_pos, mean_log_prob_pos, torch.zeros_like(mean_log_prob_pos))
             loss = -(self.temperature / self.base_temperature) * mean_log_prob_pos
         return loss.mean()
+
+
+class _QueueLogSumExp(torch.autograd.Function):
+    """:func:`queue_logsumexp`: forward and backward over ``[M, chunk]`` blocks of the queue, recomputed in the
+    backward rather than kept (autograd would keep the ``[M, K]`` logits and make their ``[M, K]`` gradient)."""
+
+    @staticmethod
+    def forward(ctx, z, feat, valid, temperature, chunk):
+        scaled = z / temperature
+        out = torch.full((z.shape[0],), -math.inf, dtype=z.dtype, device=z.device)
+        for start in range(0, feat.shape[0], chunk):
+            block = (scaled @ feat[start:start + chunk].T).masked_fill_(~valid[None, start:start + chunk], -math.inf)
+            out = torch.logaddexp(out, torch.logsumexp(block, dim=1))
+        ctx.save_for_backward(z, feat, valid, out)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        z, feat, valid, out = ctx.saved_tensors
+        scaled = z / ctx.temperature
+        finite = torch.where(torch.isfinite(out), out, torch.zeros_like(out))[:, None]     # no key: no gradient
+        grad_z = torch.zeros_like(z)
+        for start in range(0, feat.shape[0], ctx.chunk):
+            keys = feat[start:start + ctx.chunk]
+            block = (scaled @ keys.T).masked_fill_(~valid[None, start:start + ctx.chunk], -math.inf)
+            grad_z += (block.sub_(finite).exp_() * grad[:, None]) @ keys
+        return grad_z / ctx.temperature, None, None, None, None
+
+
+def queue_logsumexp(z, queue, temperature, chunk=QUEUE_CHUNK):
+    """``log sum_{j valid} exp(z_i.q_j / tau)`` per row ``[M]`` (``-inf`` where no key is valid) of ``z`` ``[M, D]``
+    against the queue's keys, differentiable in ``z``, with the memory of one ``[M, chunk]`` block whatever the
+    queue's size: at B = 4096 (two views) and K = 65536 the ``[M, K]`` logits alone are 2 GB, their gradient
+    as much again (``python benchmarks/queue_memory.py``). Blocks in a fixed order: deterministic."""
+    return _QueueLogSumExp.apply(z, queue.feat.to(z.dtype), queue.valid, temperature, chunk)
 
 
 def queue_logits(z, queue, temperature):
@@ -261,9 +298,6 @@ def positive_dots(anchor, contrast, bsz, n_views, labels=None, mask=None, queue=
         pos_dot = pos_dot + (anchor * q_sum[b]).sum(1)
         n_pos = n_pos + q_count[b]
     return pos_dot, n_pos
-
-
-QUEUE_CHUNK = 8192     # queue columns per label-match block: a [B, 8192] block, not [B, K] (1 GB at B 4096, K 65536)
 
 
 def queue_positive_sums(labels, queue, q_feat, chunk=QUEUE_CHUNK):

@@ -19,7 +19,7 @@ from losses import (
     flatten_views,
     float32_under_autocast,
     positive_dots,
-    queue_logits,
+    queue_logsumexp,
     upcast,
 )
 from losses_field import KCLLoss, kcl_positives
@@ -137,9 +137,8 @@ def paco_loss(features, labels, class_logits, temperature=0.05, alpha=0.01, beta
     logits = z @ z.T / temperature
     logits.diagonal().fill_(-math.inf)                                      # i is not in its own sums
     log_denominator = torch.logaddexp(torch.logsumexp(class_logits, dim=1), torch.logsumexp(logits, dim=1) + log_gamma)
-    if queue is not None:                                   # no [M, C + M + K] copy: the logsumexps added
-        q_logits = queue_logits(z, queue, temperature).masked_fill_(~queue.valid[None, :], -math.inf)
-        log_denominator = torch.logaddexp(log_denominator, torch.logsumexp(q_logits, dim=1) + log_gamma)
+    if queue is not None:                     # no [M, C + M + K] copy: the logsumexps added, the queue's in blocks
+        log_denominator = torch.logaddexp(log_denominator, queue_logsumexp(z, queue, temperature) + log_gamma)
     own_class = class_logits.gather(1, labels.repeat(n_views)[:, None])[:, 0]
     positive_sum, n_positive = positive_dots(z, z, bsz, n_views, labels, queue=queue)
     weighted = (beta * own_class + alpha * positive_sum / temperature) / (beta + alpha * n_positive)

@@ -21,6 +21,7 @@ RUNS = {
     'queue_overhead': ['--size', '8', '--batch', '16', '--queue', '64', '--reps', '1'],
     'carrot_quantile': ['--batch_sizes', '64', '--reps', '1'],
     'queue_memory': ['--batch', '32', '--queue', '128'],
+    'class_blocks_cost': ['--batch', '64', '--reps', '1'],
 }
 
 

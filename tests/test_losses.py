@@ -287,3 +287,24 @@ def test_queue_positive_sums_in_blocks_equal_one_block():
         torch.testing.assert_close(blocks[0], whole[0], rtol=1e-12, atol=1e-12)
         assert torch.equal(blocks[1], whole[1])
     assert whole[1].tolist()[-1] == 0 and whole[1].sum() > 0
+
+
+def test_queue_logsumexp_in_blocks_equals_the_dense_logsumexp():
+    """Issue 41: the queue's logsumexp over [M, chunk] blocks, recomputed in the backward, equals autograd through the
+    dense [M, K] logsumexp in value and gradient (a weighted sum of the rows), every key invalid included (-inf, no
+    gradient)."""
+    from helpers import loss_queue
+    from losses import queue_logsumexp
+    queue = loss_queue(k=23, d=6, n_classes=3, seed=2)
+    assert not queue.valid.all()
+    weights = torch.randn(10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def dense(z):
+        return ((z / 0.3 @ queue.feat.T).masked_fill(~queue.valid, -math.inf).logsumexp(1) * weights).sum()
+    for chunk in (1, 5, 23, 100):
+        assert_value_and_grad_close(lambda z, c=chunk: (queue_logsumexp(z, queue, 0.3, chunk=c) * weights).sum(), dense,
+                                    unit(10, 6, seed=4))
+    z = unit(10, 6, seed=4).requires_grad_(True)
+    out = queue_logsumexp(z, queue._replace(valid=torch.zeros_like(queue.valid)), 0.3, chunk=5)
+    out.backward(torch.ones_like(out))
+    assert torch.isinf(out).all() and torch.equal(z.grad, torch.zeros_like(z))
