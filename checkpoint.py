@@ -149,7 +149,12 @@ def load_encoder(path, model_name, default_model, runtime):
              if k.startswith('encoder.')}
     if not state:
         raise UserError(f'--ckpt {path} has no encoder weights (no "encoder." keys)')
-    encoder, _ = build_encoder(model_name)
+    config = ckpt['config']       # the architecture as it was trained (before --stem existed: CIFAR's stem)
+    try:
+        encoder, _ = build_encoder(model_name, stem=config.get('stem') or 'cifar', size=config.get('size') or 32,
+                                   model_args=config.get('model_args') or '')
+    except ValueError as e:
+        raise UserError(f'--ckpt {path}: {e}') from None
     try:
         encoder.load_state_dict(state)
     except RuntimeError:

@@ -111,7 +111,7 @@ def main(argv=None):
     loaders['test'] = build_loader(opt, test_set, train=False)
     train_loader = build_loader(opt, train_set, train=True, kind='train')
 
-    classifier = LinearClassifier(opt.model, num_classes=n_cls).to(runtime.device)
+    classifier = LinearClassifier(encoder.feature_dim, num_classes=n_cls).to(runtime.device)
     ddp_classifier = wrap_model(classifier, runtime.device, opt.syncBN)    # the classifier itself in one process
     optimizer = set_optimizer(classifier.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     scaler = runtime.grad_scaler()

@@ -19,11 +19,11 @@ import os
 
 from checkpoint import load_checkpoint
 from data import AUGMENT, DATASETS, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info, mean_std
-from flags import SCRIPTS, call_hook, check, check_temperature, dest, epoch_list, floats
+from flags import SCRIPTS, UserError, call_hook, check, check_temperature, dest, epoch_list, floats
 from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
-from networks import MODELS
+from networks import MODELS, STEMS, is_model_name, parse_model_args
 from probes import PROBES
 from runtime import PRECISION, REPRODUCIBILITY
 from schedule import SCHEDULE
@@ -89,9 +89,18 @@ def _core_flags(p, script):
     data.add_argument('--batch_size', type=int, default=256, help='batch size (the global batch under torchrun)')
     data.add_argument('--num_workers', type=int, default=16, help='data loading workers (capped at the CPU count)')
     model = p.add_argument_group('model and loss')
-    model.add_argument('--model', choices=sorted(MODELS), default=None,
-                       help='encoder (default: resnet_tiny for digits, resnet50 otherwise; main_linear.py: the '
+    model.add_argument('--model', type=model_name, default=None,
+                       metavar='{' + ','.join(sorted(MODELS)) + ',timm:NAME}',
+                       help='encoder: one of ours, or any timm model by name (timm:vit_small_patch16_224, '
+                            'timm:convnext_tiny, ...; no pretrained weights) (default: resnet_tiny for digits, '
+                            'resnet50 otherwise; main_linear.py: the checkpoint\'s)')
+    model.add_argument('--stem', choices=STEMS, default=None,
+                       help='our ResNets\' first layers: cifar (3x3 conv, stride 1) or imagenet (7x7 conv, stride 2, '
+                            'max-pool) (default: imagenet from --size 128 up, else cifar; main_linear.py: the '
                             'checkpoint\'s)')
+    model.add_argument('--model_args', default='',
+                       help='timm models: key=value pairs for timm.create_model, e.g. "depth=2,patch_size=8" '
+                            '(main_linear.py: the checkpoint\'s)')
     if script == 'supcon':
         model.add_argument('--method', choices=list(METHODS), default='SupCon',
                            help='; '.join(f'{m.name}: {m.help}' for m in METHODS.values() if m.help))
@@ -119,6 +128,13 @@ def _core_flags(p, script):
                        help='step decay factor; with --cosine the final learning rate is lr * rate^3')
     optim.add_argument('--weight_decay', type=float, default=d['weight_decay'], help='weight decay')
     optim.add_argument('--momentum', type=float, default=0.9, help='SGD momentum')
+
+
+def model_name(text):
+    """``--model``'s type: one of our encoders or ``timm:<name>``."""
+    if not is_model_name(text):
+        raise argparse.ArgumentTypeError(f'{text!r} is not one of {", ".join(sorted(MODELS))}, nor timm:<name>')
+    return text
 
 
 def build_parser(script):
@@ -171,6 +187,8 @@ def validate(opt, script, given):
     if script == 'linear':
         check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
+    if opt.model is not None:
+        _check_model(opt.model, opt.stem, opt.model_args, given)
     info = dataset_info(opt.dataset)
     if info.mean_std is None:
         check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
@@ -190,11 +208,11 @@ def run_name(opt, script):
     if script == 'supcon':
         entry = get_method(opt.method)
         method, scale = call_hook(entry.run_name, opt) if entry.run_name else (entry.name, f'temp_{opt.temp}')
-        name = (f'{method}_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
-                f'_bsz_{opt.batch_size}_{scale}_trial_{opt.trial}')
+        name = (f'{method}_{opt.dataset}_{encoder_tag(opt.model, opt.stem, opt.size, opt.model_args)}_lr_'
+                f'{opt.learning_rate}_decay_{opt.weight_decay}_bsz_{opt.batch_size}_{scale}_trial_{opt.trial}')
     elif script == 'ce':
-        name = (f'SupCE_{opt.dataset}_{opt.model}_lr_{opt.learning_rate}_decay_{opt.weight_decay}'
-                f'_bsz_{opt.batch_size}_trial_{opt.trial}')
+        name = (f'SupCE_{opt.dataset}_{encoder_tag(opt.model, opt.stem, opt.size, opt.model_args)}_lr_'
+                f'{opt.learning_rate}_decay_{opt.weight_decay}_bsz_{opt.batch_size}_trial_{opt.trial}')
     else:
         pretrain = os.path.basename(os.path.dirname(os.path.abspath(opt.ckpt)))
         stem = os.path.splitext(os.path.basename(opt.ckpt))[0]
@@ -203,6 +221,17 @@ def run_name(opt, script):
             name = f'{pretrain}_{stem}_shots_{opt.shots}_draws_{opt.shot_draws}_seed_{opt.shot_seed}_trial_{opt.trial}'
     name += ''.join(call_hook(f.run_name, opt) for f in FEATURES if f.run_name is not None)
     return name + (f'_seed_{opt.seed}' if opt.seed else '')
+
+
+def encoder_tag(model, stem, size, model_args):
+    """The encoder's part of a run name: the model (``timm:`` as ``timm-``), a stem other than the size's default,
+    and timm's arguments (``depth=2,patch_size=8`` as ``depth-2_patch_size-8``)."""
+    tag = model.replace(':', '-')
+    if stem is not None and stem != default_stem(size):
+        tag += f'_stem_{stem}'
+    if model_args:
+        tag += '_' + model_args.replace('=', '-').replace(',', '_').replace('/', '-')
+    return tag
 
 
 NAME_MAX = 255     # bytes of one file name on common file systems (ext4, XFS, APFS, NTFS)
@@ -222,7 +251,28 @@ def fit_name(name, limit=NAME_MAX):
 
 
 # How a stage-1 encoder saw its images: main_linear.py takes these (and --model) from its --ckpt
-STAGE1_INPUT = ('model', 'size', 'mean', 'std')
+STAGE1_INPUT = ('model', 'stem', 'model_args', 'size', 'mean', 'std')
+
+
+def default_stem(size):
+    """``--stem`` when not given: the ImageNet stem from 128 px up (a quarter of the resolution), else CIFAR's."""
+    return 'imagenet' if size >= 128 else 'cifar'
+
+
+def _check_model(model, stem, model_args, given):
+    """The encoder's flags: a timm name that exists, ``--stem`` for our ResNets only, ``--model_args`` that parse and
+    are for timm models only."""
+    if model.startswith('timm:'):
+        check('stem' not in given, f'--stem is for our ResNets; {model} has its own first layers')
+        import timm
+        check(timm.is_model(model[len('timm:'):]), f'timm has no model {model[len("timm:"):]!r} '
+                                                  '(python -c "import timm; print(timm.list_models())")')
+    else:
+        check(not model_args, f'--model_args is for timm models (timm:<name>), not {model}')
+    try:
+        parse_model_args(model_args)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def adopt_stage1_settings(opt, given):
@@ -237,6 +287,12 @@ def adopt_stage1_settings(opt, given):
         if 'data_folder' not in given and config.get('data_folder') is not None:
             opt.data_folder = config['data_folder']
     saved = {key: config.get(key) for key in STAGE1_INPUT}
+    if config and 'stem' not in config:               # written before --stem existed: every ResNet had CIFAR's
+        saved['stem'] = 'cifar'
+    if config and saved['model_args'] is None:
+        saved['model_args'] = ''
+    if str(saved.get('model') or '').startswith('timm:'):
+        saved['stem'] = None
     if config.get('dataset') in DATASETS and dataset_info(config['dataset']).mean_std is not None:
         saved['mean'], saved['std'] = mean_std(config['dataset'], config.get('mean'), config.get('std'))
     for key, value in saved.items():
@@ -265,6 +321,8 @@ def parse_option(script, argv=None):
         opt.model = info.model
     if opt.size is None:
         opt.size = info.size
+    if opt.stem is None and not str(opt.model or '').startswith('timm:'):
+        opt.stem = default_stem(opt.size)
     if script == 'supcon':
         apply_method_flags(opt)
     validate(opt, script, given)

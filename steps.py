@@ -40,7 +40,7 @@ from losses_carrot import CARROT, grad_balanced_total_loss
 from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from methods import METHODS, Method, get_method
 from monitors import collapse_statistics
-from networks import MODELS, SupCEResNet, SupConResNet
+from networks import SupCEResNet, SupConResNet
 from runtime import Runtime
 from util import accuracy
 
@@ -80,10 +80,11 @@ class Pretraining:
         self.carrot_on = opt.carrot_on
         self.carrot_weight, self.carrot_alpha_max = opt.carrot_weight, opt.carrot_alpha_max
         if model is None:
-            model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim)
+            model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size,
+                                 model_args=opt.model_args)
         self.model = runtime.prepare_model(model)
         self.criterion = call_hook(self.method.build, opt, num_samples=num_samples, class_counts=class_counts,
-                                   enc_dim=MODELS[opt.model][1]).to(runtime.device)
+                                   enc_dim=model.dim).to(runtime.device)
         broadcast_state(self.model, self.criterion)      # under torchrun every process starts from rank 0's
         # a copy of the model as it starts (rank 0's), before --syncBN converts its BatchNorm: the key encoder's
         # statistics stay its own (shuffled BatchNorm, docs/QUEUE.md)
@@ -228,7 +229,7 @@ class CETraining:
         self.supcon = SupConLoss(temperature=opt.temp) if opt.supcon_weight else None
         if model is None:
             model = SupCEResNet(opt.model, num_classes=num_classes, head=opt.head if self.supcon else None,
-                                feat_dim=opt.feat_dim)
+                                feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size, model_args=opt.model_args)
         self.model = runtime.prepare_model(model)
         broadcast_state(self.model)                      # under torchrun every process starts from rank 0's
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone

@@ -1,4 +1,15 @@
-"""CIFAR-stem ResNets and the heads SupContrast puts on them."""
-from .resnet_big import MODELS, LinearClassifier, SupCEResNet, SupConResNet, build_encoder
+"""The encoders (our ResNets with a CIFAR or ImageNet stem, timm's models by name) and the heads SupContrast puts on
+them."""
+from .resnet_big import (
+    MODELS,
+    STEMS,
+    LinearClassifier,
+    SupCEResNet,
+    SupConResNet,
+    build_encoder,
+    is_model_name,
+    parse_model_args,
+)
 
-__all__ = ['MODELS', 'LinearClassifier', 'SupCEResNet', 'SupConResNet', 'build_encoder']
+__all__ = ['MODELS', 'STEMS', 'LinearClassifier', 'SupCEResNet', 'SupConResNet', 'build_encoder', 'is_model_name',
+           'parse_model_args']

@@ -1,12 +1,17 @@
-"""ResNets with a CIFAR stem (3x3 conv, stride 1, no max-pool), as in SupContrast.
+"""The encoders: ResNets with a CIFAR stem (3x3 conv, stride 1, no max-pool), as in SupContrast, or an ImageNet stem
+(7x7 conv, stride 2, then a 3x3 max-pool of stride 2: ``stem='imagenet'``), and any model of timm by name
+(``timm:<name>``, built without pretrained weights, its classifier removed).
 
-``MODELS`` maps a ``--model`` name to ``(constructor, feature dim)``. Besides
-SupContrast's resnet18/34/50/101 there is ``resnet_tiny`` (one basic block per
-stage, widths 16-32-64-128): it is what the bundled ``digits`` data needs and it
-trains in seconds on a CPU.
+``MODELS`` maps our ``--model`` names to ``(constructor, feature dim)``. Besides SupContrast's resnet18/34/50/101
+there is ``resnet_tiny`` (one basic block per stage, widths 16-32-64-128): it is what the bundled ``digits`` data
+needs and it trains in seconds on a CPU. :func:`build_encoder` builds either kind; every encoder it builds carries
+its feature width as ``feature_dim``.
 """
 import torch.nn as nn
 import torch.nn.functional as F
+
+TIMM_PREFIX = 'timm:'
+STEMS = ('cifar', 'imagenet')
 
 
 class BasicBlock(nn.Module):
@@ -53,13 +58,22 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    """CIFAR-stem ResNet encoder: image ``[N, C, H, W]`` -> features ``[N, widths[-1]*expansion]``."""
+    """ResNet encoder: image ``[N, C, H, W]`` -> features ``[N, widths[-1]*expansion]``. ``stem``: ``'cifar'`` (a 3x3
+    convolution of stride 1) or ``'imagenet'`` (a 7x7 convolution of stride 2 and a 3x3 max-pool of stride 2: a
+    quarter of the resolution, for 224-px images)."""
 
     def __init__(self, block, num_blocks, in_channel=3, widths=(64, 128, 256, 512),
-                 zero_init_residual=False):
+                 zero_init_residual=False, stem='cifar'):
         super().__init__()
+        if stem not in STEMS:
+            raise ValueError(f'unknown stem {stem!r} ({", ".join(STEMS)})')
         self.in_planes = widths[0]
-        self.conv1 = nn.Conv2d(in_channel, widths[0], 3, 1, 1, bias=False)
+        if stem == 'imagenet':
+            self.conv1 = nn.Conv2d(in_channel, widths[0], 7, 2, 3, bias=False)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+        else:
+            self.conv1 = nn.Conv2d(in_channel, widths[0], 3, 1, 1, bias=False)
+            self.pool = nn.Identity()
         self.bn1 = nn.BatchNorm2d(widths[0])
         layers = []
         for i, (width, n) in enumerate(zip(widths, num_blocks)):
@@ -86,7 +100,7 @@ class ResNet(nn.Module):
         return nn.Sequential(*layers)
 
     def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.pool(F.relu(self.bn1(self.conv1(x))))
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
         return out.mean(dim=(2, 3))        # global average pool; deterministic backward on CUDA, unlike
                                            # AdaptiveAvgPool2d's (which --deterministic refuses)
@@ -121,12 +135,61 @@ MODELS = {
 }
 
 
-def build_encoder(name):
-    """(encoder module, feature dim) for a ``--model`` name."""
-    if name not in MODELS:
-        raise ValueError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
-    fn, dim = MODELS[name]
-    return fn(), dim
+def parse_model_args(text):
+    """``'depth=2,patch_size=8'`` -> ``{'depth': 2, 'patch_size': 8}`` (ints, floats, ``true``/``false``, else
+    strings): ``--model_args``, passed to timm's constructor. A malformed entry is a ``ValueError``."""
+    out = {}
+    for item in filter(None, (part.strip() for part in (text or '').split(','))):
+        key, sep, value = item.partition('=')
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f'--model_args takes key=value pairs separated by commas, got {item!r}')
+        value = value.strip()
+        for kind in (int, float):
+            try:
+                out[key.strip()] = kind(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key.strip()] = {'true': True, 'false': False}.get(value.lower(), value)
+    return out
+
+
+def timm_encoder(name, size, model_args=''):
+    """timm's ``name`` without its classifier (``num_classes=0``: pooled features) and without pretrained weights
+    (nothing is downloaded), for ``size``-pixel images where the model takes an image size (ViTs)."""
+    import timm
+    if not timm.is_model(name):
+        raise ValueError(f'timm has no model {name!r} (timm.list_models() lists them)')
+    kwargs = dict(pretrained=False, num_classes=0, **parse_model_args(model_args))
+    try:
+        return timm.create_model(name, img_size=size, **kwargs)
+    except TypeError as e:
+        if 'img_size' not in str(e):
+            raise
+        return timm.create_model(name, **kwargs)
+
+
+def is_model_name(name):
+    """Whether ``name`` names an encoder :func:`build_encoder` can build (ours, or ``timm:<name>``)."""
+    return name in MODELS or (name.startswith(TIMM_PREFIX) and len(name) > len(TIMM_PREFIX))
+
+
+def build_encoder(name, stem='cifar', size=32, model_args=''):
+    """``(encoder module, feature dim)`` for a ``--model`` name: ours (with ``stem``) or ``timm:<name>`` (with
+    ``size`` and ``model_args``); the module carries the width as ``feature_dim``."""
+    if name.startswith(TIMM_PREFIX):
+        encoder = timm_encoder(name[len(TIMM_PREFIX):], size, model_args)
+        dim = encoder.num_features
+    elif name in MODELS:
+        if model_args:
+            raise ValueError(f'--model_args is for timm models (timm:<name>), not {name}')
+        fn, dim = MODELS[name]
+        encoder = fn(stem=stem)
+    else:
+        raise ValueError(f'unknown model {name!r}; choose from {", ".join(MODELS)} or timm:<name>')
+    encoder.feature_dim = dim
+    return encoder, dim
 
 
 def projection_head(head, dim_in, feat_dim):
@@ -141,10 +204,10 @@ def projection_head(head, dim_in, feat_dim):
 class SupConResNet(nn.Module):
     """Encoder + projection head; ``forward`` returns L2-normalized ``[N, feat_dim]``."""
 
-    def __init__(self, name='resnet50', head='mlp', feat_dim=128):
+    def __init__(self, name='resnet50', head='mlp', feat_dim=128, **encoder):
         super().__init__()
-        self.encoder, dim_in = build_encoder(name)
-        self.head = projection_head(head, dim_in, feat_dim)
+        self.encoder, self.dim = build_encoder(name, **encoder)          # encoder: stem, size, model_args
+        self.head = projection_head(head, self.dim, feat_dim)
 
     def forward(self, x, parts=False):
         """Normalized projections; with ``parts=True`` (encoder output, projection before normalization).
@@ -160,12 +223,12 @@ class SupCEResNet(nn.Module):
     """Encoder + linear classifier, trained with cross-entropy; with ``head`` (``'mlp'``/``'linear'``) also a
     projection head beside the classifier (one-stage CE + SupCon, ``main_ce.py --supcon_weight``)."""
 
-    def __init__(self, name='resnet50', num_classes=10, head=None, feat_dim=128):
+    def __init__(self, name='resnet50', num_classes=10, head=None, feat_dim=128, **encoder):
         super().__init__()
-        self.encoder, dim_in = build_encoder(name)
-        self.fc = nn.Linear(dim_in, num_classes)
+        self.encoder, self.dim = build_encoder(name, **encoder)          # encoder: stem, size, model_args
+        self.fc = nn.Linear(self.dim, num_classes)
         if head is not None:
-            self.head = projection_head(head, dim_in, feat_dim)
+            self.head = projection_head(head, self.dim, feat_dim)
 
     def outputs(self, h):
         """What is trained on the encoder output ``h``: the logits, or ``(logits, projection)`` with a head."""
@@ -179,13 +242,15 @@ class SupCEResNet(nn.Module):
 
 
 class LinearClassifier(nn.Module):
-    """Linear classifier on frozen encoder features."""
+    """Linear classifier on frozen encoder features of width ``dim`` (an int, or one of our model names)."""
 
-    def __init__(self, name='resnet50', num_classes=10):
+    def __init__(self, dim=2048, num_classes=10):
         super().__init__()
-        if name not in MODELS:
-            raise ValueError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
-        self.fc = nn.Linear(MODELS[name][1], num_classes)
+        if not isinstance(dim, int):
+            if dim not in MODELS:
+                raise ValueError(f'unknown model {dim!r}; choose from {", ".join(MODELS)}')
+            dim = MODELS[dim][1]
+        self.fc = nn.Linear(dim, num_classes)
 
     def forward(self, features):
         return self.fc(features)

@@ -290,14 +290,16 @@ def step_batch(seed=0):
     return views, torch.randint(0, 3, (STEP_BSZ,), generator=g), torch.arange(100, 100 + STEP_BSZ)
 
 
-def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='cpu', same_init=True):
+def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='cpu', same_init=True,
+                   scripts_model=False):
     """``steps.Pretraining`` (or ``steps.CETraining`` with ``ce``) as the scripts build it from ``argv``, with
     a ``resnet_tiny`` seeded by 0, batch ``STEP_BSZ``, ``--chunk_size chunk``, on ``device``, 200 dataset ids,
     3 classes (5, 1 and 10 training samples, for ``--loss``'s and BCL's priors; with ``--supcon_weight``, two views).
     ``train``: BatchNorm in train mode (else eval: per-sample, so the loss is the only coupling
     of samples); ``dropout``: a dropout layer after the encoder (a forward that draws random numbers);
     ``same_init=False``: the model is built from this process's own seed (``--seed + rank``, as the scripts build
-    it under torchrun) instead of seed 0 on every process."""
+    it under torchrun) instead of seed 0 on every process; ``scripts_model``: the model the scripts build from
+    ``argv`` (``--model``, ``--model_args``, ...) instead of ``resnet_tiny``."""
     import torch.nn as nn
 
     from engine import setup
@@ -308,8 +310,11 @@ def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='
                                                         '--chunk_size', str(chunk)]), run_folder=False)
     if same_init:
         torch.manual_seed(0)
-    net = (SupCEResNet('resnet_tiny', num_classes=3, head=opt.head if opt.supcon_weight else None) if ce
-           else SupConResNet('resnet_tiny'))
+    if scripts_model:
+        net = None
+    else:
+        net = (SupCEResNet('resnet_tiny', num_classes=3, head=opt.head if opt.supcon_weight else None) if ce
+               else SupConResNet('resnet_tiny'))
     if dropout:
         net.encoder = nn.Sequential(net.encoder, nn.Dropout(0.5))
     training = (CETraining(opt, 3, [5, 1, 10], model=net) if ce

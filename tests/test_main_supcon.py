@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+import torch
 from conftest import CHUNKED, QUEUED, SMALL_DATA
 
 from helpers import (
@@ -250,3 +251,35 @@ def test_queue_with_other_methods(tmp_path, args):
     assert float(row['train/queue/fill']) > 0.8 and float(row['train/loss']) > 0    # the epoch mean: filling at first
     if 'SimCLR' in args:
         assert float(row['train/queue/pos_per_anchor']) == 0 and 'train/queue/key_query_cos' not in row
+
+
+@pytest.mark.slow
+def test_a_timm_vit_trains_resumes_exactly_and_is_evaluated(tmp_path):
+    """Issue 42: ``--model timm:<name>`` through the real scripts: a 2-block ViT at 16 px pre-trains, 1 epoch +
+    ``--resume`` equals 2 epochs bit for bit, main_linear.py rebuilds the encoder from the checkpoint (its
+    ``--model_args`` and size) and evaluates it, main_ce.py trains it; wrong names and flags are one line."""
+    vit = ['--model', 'timm:vit_tiny_patch16_224', '--model_args', 'depth=2,patch_size=8,embed_dim=32,num_heads=2',
+           '--size', 16, '--augment', 'device', '--batch_size', 128, '--num_workers', 0, '--device', 'cpu',
+           '--print_freq', 1000]
+    run_script('main_supcon.py', *vit, '--epochs', 2, '--save_folder', tmp_path / 'whole')
+    run_script('main_supcon.py', *vit, '--epochs', 1, '--save_folder', tmp_path / 'parts')
+    part = os.path.join(only_run_folder(tmp_path / 'parts'), 'last.pth')
+    run_script('main_supcon.py', *vit, '--epochs', 2, '--resume', part)
+    whole = load(os.path.join(only_run_folder(tmp_path / 'whole'), 'last.pth'))
+    resumed = load(part)
+    assert 'timm-vit_tiny_patch16_224_depth-2' in only_run_folder(tmp_path / 'whole')
+    assert any(k.startswith('encoder.blocks.1.') for k in whole['model'])
+    for key, value in whole['model'].items():
+        assert torch.equal(value, resumed['model'][key]), key
+    out = run_script('main_linear.py', '--ckpt', part, '--epochs', 1, '--batch_size', 128, '--num_workers', 0,
+                     '--augment', 'device', '--device', 'cpu', '--save_folder', tmp_path / 'lin')
+    assert 'final test top-1' in out.stdout
+    run_script('main_ce.py', *vit, '--epochs', 1, '--save_folder', tmp_path / 'ce')
+    for args, words in [(['--model', 'timm:no_such_net'], 'timm has no model'),
+                        (['--model', 'timm:resnet18', '--stem', 'imagenet'], '--stem is for our ResNets'),
+                        (['--model', 'resnet18', '--model_args', 'depth=2'], '--model_args is for timm models'),
+                        (['--model', 'timm:resnet18', '--model_args', 'depth'], 'key=value'),
+                        (['--model', 'vgg'], '--model')]:
+        assert_one_line_error(run_in_process('main_supcon.py', *args, '--save_folder', tmp_path / 'bad'), *words)
+    assert_one_line_error(run_in_process('main_linear.py', '--ckpt', part, '--model_args', 'depth=3'),
+                          '--model_args', 'contradicts')
