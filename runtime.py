@@ -187,6 +187,22 @@ PRECISION = Feature(
     run_name=lambda amp: f'_{amp}' if amp != 'none' else '')
 
 
+def compile_modules(enabled, *modules):
+    """``--compile``: ``torch.compile`` each module in place (``nn.Module.compile``: its parameter names, and so the
+    checkpoints, stay those of the plain module, which load with or without the flag). Called once a module's copies
+    are made (the key encoder is a copy of the uncompiled model)."""
+    if enabled:
+        for module in modules:
+            module.compile()
+
+
+COMPILE = Feature(
+    'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile',),
+    flags={'--compile': dict(action='store_true',
+                             help='torch.compile the encoder and heads (the first steps compile; checkpoints load '
+                                  'with or without it)')})
+
+
 def set_deterministic(enabled):
     """``--deterministic``: deterministic algorithms everywhere (``torch.use_deterministic_algorithms``; an
     operation without one raises), cuDNN deterministic and not autotuned, cuBLAS with a fixed workspace (set

@@ -41,7 +41,7 @@ from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from methods import METHODS, Method, get_method
 from monitors import collapse_statistics
 from networks import SupCEResNet, SupConResNet
-from runtime import Runtime
+from runtime import Runtime, compile_modules
 from util import accuracy
 
 
@@ -89,6 +89,7 @@ class Pretraining:
         # a copy of the model as it starts (rank 0's), before --syncBN converts its BatchNorm: the key encoder's
         # statistics stay its own (shuffled BatchNorm, docs/QUEUE.md)
         self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
+        compile_modules(opt.compile, self.model.encoder, self.model.head)     # after the key encoder's copy
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
@@ -232,6 +233,7 @@ class CETraining:
                                 feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size, model_args=opt.model_args)
         self.model = runtime.prepare_model(model)
         broadcast_state(self.model)                      # under torchrun every process starts from rank 0's
+        compile_modules(opt.compile, *self.model.children())
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
 
