@@ -17,7 +17,7 @@ from data import (
 from engine import evaluate, fit, setup, train_loop, write_results
 from flags import call_hook
 from options import parse_option
-from schedule import Schedule, set_optimizer
+from schedule import Schedule, optimizer_for
 from steps import CETraining
 from util import run_cli
 
@@ -37,7 +37,7 @@ def main(argv=None):
     n_cls = classes_to_classify(train_set)
     ce = CETraining(opt, n_cls, class_counts(train_set))     # model, loss and CARROT
     model = ce.model
-    optimizer = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    optimizer = optimizer_for(opt, model.parameters())
     scaler = ce.runtime.grad_scaler()
     schedule = call_hook(Schedule, opt)
 

@@ -33,7 +33,7 @@ from networks import LinearClassifier
 from options import config_dict, parse_option
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
 from runtime import Runtime
-from schedule import Schedule, set_optimizer
+from schedule import Schedule, optimizer_for
 from util import accuracy, progress, run_cli
 
 
@@ -113,7 +113,7 @@ def main(argv=None):
 
     classifier = LinearClassifier(encoder.feature_dim, num_classes=n_cls).to(runtime.device)
     ddp_classifier = wrap_model(classifier, runtime.device, opt.syncBN)    # the classifier itself in one process
-    optimizer = set_optimizer(classifier.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    optimizer = optimizer_for(opt, classifier.parameters())
     scaler = runtime.grad_scaler()
     schedule = call_hook(Schedule, opt)
 

@@ -14,7 +14,7 @@ from flags import call_hook
 from knn import knn_monitor
 from methods import get_method
 from options import parse_option
-from schedule import Schedule, set_optimizer
+from schedule import Schedule, optimizer_for
 from steps import Pretraining
 from util import run_cli
 
@@ -27,7 +27,7 @@ def main(argv=None):
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=2)
     save_label_noise(opt.run_folder, train_set)
     pre = Pretraining(opt, len(train_set), class_counts=class_counts(train_set))   # model, loss, CARROT, queue, ...
-    optimizer = set_optimizer(pre.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
+    optimizer = optimizer_for(opt, pre.parameters())
     scaler = pre.runtime.grad_scaler()
     schedule = call_hook(Schedule, opt)
     hists = defaultdict(lambda: 0)     # the loss's histogram counts, summed over the epoch

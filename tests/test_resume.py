@@ -105,3 +105,26 @@ def test_resume_on_another_device_reseeds_with_a_notice(shared_run, tmp_path):
     with open(os.path.join(os.path.dirname(last), 'warnings.txt')) as f:
         assert 'on resume: the augment generator re-seeded' in f.read()
     assert load(last)['epoch'] == 2
+
+
+@pytest.mark.parametrize('script, optimizer', [('main_supcon.py', ['--optimizer', 'lars', '--lars_eta', '0.02']),
+                                               ('main_ce.py', ['--optimizer', 'adamw', '--exclude_bias_norm',
+                                                               '--learning_rate', '0.001', '--weight_decay', '0.05'])])
+def test_optimizers_resume_exactly(script, optimizer, tmp_path):
+    """Issue 42: LARS and AdamW (with the weight-decay exclusions, and a 2-epoch warm-up: --warm_epochs) resume bit
+    for bit: 1 epoch + --resume equals 2 epochs (model and optimizer state); the run name says the optimizer."""
+    args = [*optimizer, '--warm', '--warm_epochs', 2, '--batch_size', 128, '--size', 8, '--augment', 'device',
+            '--num_workers', 0, '--device', 'cpu', '--print_freq', 1000]
+    run_script(script, *args, '--epochs', 2, '--save_folder', tmp_path / 'whole')
+    run_script(script, *args, '--epochs', 1, '--save_folder', tmp_path / 'parts')
+    part = os.path.join(only_run_folder(tmp_path / 'parts'), 'last.pth')
+    run_script(script, *args, '--epochs', 2, '--resume', part)
+    folder = only_run_folder(tmp_path / 'whole')
+    assert f'_{optimizer[1]}' in folder and '_warm_epochs_2' in folder
+    whole, resumed = load(os.path.join(folder, 'last.pth')), load(part)
+    for key, value in whole['model'].items():
+        assert torch.equal(value, resumed['model'][key]), key
+    for index, state in whole['optimizer']['state'].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(resumed['optimizer']['state'][index][name]))
+    assert whole['optimizer']['param_groups'][0]['lr'] == resumed['optimizer']['param_groups'][0]['lr']

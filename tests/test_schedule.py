@@ -37,3 +37,64 @@ def test_warmup_per_iteration():
     assert opt.warmup_target() == pytest.approx(eta_min + (0.5 - eta_min) * (1 + math.cos(math.pi * 10 / 100)) / 2)
     opt.warmup(optim, 11, 0, 5)      # after warm-up: untouched
     assert optim.param_groups[0]['lr'] == pytest.approx(opt.warmup_target())
+
+
+# ---------------------------------------------------------------- optimizers (issue 42)
+def lars_reference(weights, grads_per_step, lr, momentum, weight_decay, eta, scaled):
+    """LARS written per tensor from its definition: d = g + wd w; d *= eta ||w|| / ||d|| (when both are non-zero and
+    the tensor is scaled); buf = momentum buf + d; w -= lr buf. Float64."""
+    weights = [w.clone().double() for w in weights]
+    bufs = [None] * len(weights)
+    for grads in grads_per_step:
+        for i, (w, g) in enumerate(zip(weights, grads)):
+            wd = weight_decay if scaled[i] else 0.0
+            d = g.double() + wd * w
+            if scaled[i] and float(w.norm()) > 0 and float(d.norm()) > 0:
+                d = d * (eta * float(w.norm()) / float(d.norm()))
+            bufs[i] = d if bufs[i] is None else momentum * bufs[i] + d
+            weights[i] = w - lr * bufs[i]
+    return weights
+
+
+def test_lars_matches_its_definition_and_keeps_biases_and_norms_out():
+    """LARS (schedule.LARS through set_optimizer) equals the per-tensor loop over three steps; biases and 1-D
+    weights get neither the trust ratio nor weight decay; a zero tensor is not scaled. Power: plain SGD differs."""
+    from schedule import set_optimizer
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True),
+              torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True),
+              torch.zeros(2, 2, dtype=torch.float64, requires_grad=True)]
+    start = [p.detach().clone() for p in params]
+    grads = [[torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params] for _ in range(3)]
+    optimizer = set_optimizer(params, 0.5, 0.9, 1e-2, optimizer='lars', lars_eta=0.02)
+    for step in grads:
+        for p, grad in zip(params, step):
+            p.grad = grad.clone()
+        optimizer.step()
+    want = lars_reference(start, grads, 0.5, 0.9, 1e-2, 0.02, scaled=[True, False, True])
+    for got, w in zip(params, want):
+        torch.testing.assert_close(got.detach(), w, rtol=1e-12, atol=1e-12)
+    sgd = set_optimizer([s.clone().requires_grad_(True) for s in start], 0.5, 0.9, 1e-2)
+    for step in grads:
+        for p, grad in zip(sgd.param_groups[0]['params'], step):
+            p.grad = grad.clone()
+        sgd.step()
+    assert not torch.allclose(sgd.param_groups[0]['params'][0], params[0])
+
+
+def test_optimizer_groups_and_exclusions():
+    """SGD (SupContrast's) is one group with weight decay on everything; --exclude_bias_norm (and always LARS) puts
+    the 1-D tensors (biases, BatchNorm/LayerNorm weights) in a group without weight decay; AdamW is AdamW."""
+    from networks import SupConResNet
+    from schedule import LARS, set_optimizer
+    model = SupConResNet('resnet_tiny')
+    plain = set_optimizer(model.parameters(), 0.1, 0.9, 1e-4)
+    assert isinstance(plain, torch.optim.SGD) and len(plain.param_groups) == 1
+    adamw = set_optimizer(model.parameters(), 1e-3, 0.9, 0.05, optimizer='adamw', exclude_bias_norm=True)
+    assert isinstance(adamw, torch.optim.AdamW) and [g['weight_decay'] for g in adamw.param_groups] == [0.05, 0.0]
+    assert all(p.ndim > 1 for p in adamw.param_groups[0]['params'])
+    assert all(p.ndim == 1 for p in adamw.param_groups[1]['params']) and adamw.param_groups[1]['params']
+    lars = set_optimizer(model.parameters(), 0.1, 0.9, 1e-4, optimizer='lars')
+    assert isinstance(lars, LARS) and [g['lars'] for g in lars.param_groups] == [True, False]
+    assert sum(p.numel() for g in lars.param_groups for p in g['params']) == sum(
+        p.numel() for p in model.parameters())
