@@ -333,6 +333,9 @@ def build_dataset(opt, train, transform, granularity=None):
     mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
     base = info.load(opt.data_folder, opt.size, train, transform)
     indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if info.long_tail and train else None
+    if train and opt.label_fraction < 1:           # the labelled part: a fixed stratified subset (seed 0)
+        pool = np.arange(len(base)) if indices is None else np.asarray(indices)
+        indices = pool[labelled_fraction(np.asarray(base.targets)[pool], opt.label_fraction)].tolist()
     noise = train and opt.label_noise > 0
     if indices is None and mapping is None and not noise:
         return base
@@ -346,6 +349,19 @@ def build_dataset(opt, train, transform, granularity=None):
                                'n_samples': len(clean), 'n_flipped': len(flipped), 'flipped': flipped,
                                'clean_labels_of_flipped': [clean[i] for i in flipped]}
     return dataset
+
+
+def labelled_fraction(targets, fraction, seed=0):
+    """Sorted positions of a stratified ``fraction`` of ``targets``: from each class ``max(1, round(fraction * n_c))``
+    of its ``n_c`` samples, drawn by a fixed ``seed`` (``--label_fraction``: the same labelled subset for every run
+    and method, as solo-learn's data fraction, so that runs pair)."""
+    rng = np.random.RandomState(seed)
+    targets = np.asarray(targets)
+    chosen = []
+    for c in np.unique(targets):
+        members = np.flatnonzero(targets == c)
+        chosen.append(rng.permutation(members)[:max(1, int(round(fraction * len(members))))])
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
 def save_label_noise(run_folder, dataset):
@@ -506,6 +522,16 @@ LONG_TAIL = Feature(
                                      'set')},
     check=lambda imb_factor: check(0 < imb_factor <= 1, f'--imb_factor must be in (0, 1], got {imb_factor}'),
     run_name=lambda imb_factor, dataset: f'_imb_{imb_factor}' if dataset_info(dataset).long_tail else '')
+
+LABEL_FRACTION = Feature(
+    'label fractions (docs/USAGE.md, "Fine-tuning and label fractions")', scripts=('ce', 'linear'),
+    flags={'--label_fraction': dict(type=float, default=1.0,
+                                    help='train on this fraction of the training labels: a fixed stratified subset '
+                                         '(at least one image per class), e.g. 0.01 or 0.1 (default 1: all)')},
+    check=lambda label_fraction: check(0 < label_fraction <= 1,
+                                       f'--label_fraction must be in (0, 1], got {label_fraction}'),
+    run_name=lambda label_fraction: f'_labels_{label_fraction}' if label_fraction < 1 else '')
+
 
 def _check_label_noise(label_noise, label_noise_kind, given):
     check(0 <= label_noise < 1, f'--label_noise must be in [0, 1), got {label_noise}')

@@ -1,6 +1,8 @@
-"""Stage 2: linear evaluation of a frozen stage-1 encoder.
+"""Stage 2: linear evaluation of a frozen stage-1 encoder, or (``--finetune``) fine-tuning of the encoder with the
+linear classifier; ``--label_fraction`` trains on a fixed labelled fraction of the training set.
 
     python main_linear.py --dataset digits --ckpt save/SupCon/digits/<run>/last.pth
+    python main_linear.py --ckpt save/SupCon/digits/<run>/last.pth --finetune --label_fraction 0.1
 
 Reads checkpoints of this project (any of the three scripts' encoders) and of
 the original SupContrast. Prints the final and the best test top-1; with
@@ -29,7 +31,7 @@ from engine import evaluate, fit, setup, train_loop, write_results
 from flags import UserError, call_hook
 from knn import extract_features, knn_predict
 from losses import cross_entropy
-from networks import LinearClassifier
+from networks import EncoderClassifier, LinearClassifier
 from options import config_dict, parse_option
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
 from runtime import Runtime
@@ -112,8 +114,16 @@ def main(argv=None):
     train_loader = build_loader(opt, train_set, train=True, kind='train')
 
     classifier = LinearClassifier(encoder.feature_dim, num_classes=n_cls).to(runtime.device)
-    ddp_classifier = wrap_model(classifier, runtime.device, opt.syncBN)    # the classifier itself in one process
-    optimizer = optimizer_for(opt, classifier.parameters())
+    if opt.finetune:        # the encoder trains too, at its own learning rate (--encoder_lr, on the same schedule)
+        for p in encoder.parameters():
+            p.requires_grad_(True)
+        trained = EncoderClassifier(encoder, classifier)
+        optimizer = optimizer_for(opt, classifier.parameters(),
+                                  scaled=[(encoder.parameters(), opt.encoder_lr / opt.learning_rate)])
+    else:
+        trained = classifier
+        optimizer = optimizer_for(opt, classifier.parameters())
+    ddp_trained = wrap_model(trained, runtime.device, opt.syncBN)    # itself in one process
     scaler = runtime.grad_scaler()
     schedule = call_hook(Schedule, opt)
 
@@ -125,17 +135,18 @@ def main(argv=None):
     def step(batch, backward):
         images, labels = runtime.to_device(batch[0]), batch[1].to(runtime.device, non_blocking=True)
         with runtime.autocast():
-            logits = predict(images, ddp_classifier)
+            logits = ddp_trained(images) if opt.finetune else predict(images, ddp_trained)
         loss = cross_entropy(logits.float(), labels)
         backward(loss)
         return loss.detach(), labels.shape[0], {'acc': accuracy(logits, labels)[0]}
 
     def train_epoch(epoch):
-        classifier.train()
-        return train_loop(train_loader, optimizer, scaler, epoch, step, 'Linear', schedule, opt.print_freq)
+        trained.train()         # --finetune: the encoder's BatchNorm in train mode too
+        return train_loop(train_loader, optimizer, scaler, epoch, step, 'Finetune' if opt.finetune else 'Linear',
+                          schedule, opt.print_freq)
 
     def evaluate_epoch(epoch):
-        classifier.eval()
+        trained.eval()
         out = {}
         for split, loader in loaders.items():
             out.update(evaluate(runtime, loader, predict, split, n_cls, counts))
@@ -143,9 +154,9 @@ def main(argv=None):
 
     print(f'run folder: {opt.run_folder}')
     select = 'val/acc' if opt.val_split > 0 else 'test/acc'
-    last, best = fit(opt, classifier, optimizer, train_epoch, evaluate_epoch, select=select, scaler=scaler)
+    last, best = fit(opt, trained, optimizer, train_epoch, evaluate_epoch, select=select, scaler=scaler)
     last = last or best
-    extra = {}
+    extra = {'n_train': len(train_set)}
     if opt.within_superclass:
         extra['final_test_within_superclass_acc'] = superclass_probe()
     write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)

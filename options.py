@@ -18,20 +18,20 @@ import math
 import os
 
 from checkpoint import load_checkpoint
-from data import AUGMENT, DATASETS, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info, mean_std
+from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info, mean_std
 from flags import SCRIPTS, UserError, call_hook, check, check_temperature, dest, epoch_list, floats
 from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
 from networks import MODELS, STEMS, is_model_name, parse_model_args
-from probes import PROBES
+from probes import FINETUNE, PROBES
 from runtime import COMPILE, PRECISION, REPRODUCIBILITY
 from schedule import OPTIMIZER, SCHEDULE
 from steps import CARROT_FLAGS, CE_LOSS, CHUNKS, ONE_STAGE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours).
 FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION, AUGMENT,
-            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER]
+            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE]
 
 # SupContrast's per-script defaults.
 SCRIPT_DEFAULTS = {

@@ -72,3 +72,24 @@ PROBES = Feature(
            '--within_superclass': dict(action='store_true',
                                        help='also report fine-label kNN accuracy within each test image\'s own '
                                             'superclass (datasets with coarse labels)')})
+
+
+# ---------------------------------------------------------------- fine-tuning (main_linear.py --finetune)
+def _check_finetune(finetune, encoder_lr, learning_rate, shots, given):
+    check(finetune or 'encoder_lr' not in given, '--encoder_lr needs --finetune')
+    if not finetune:
+        return {'encoder_lr': None}
+    check(not shots, '--finetune trains the encoder end to end; --shots probes frozen features: give one')
+    encoder_lr = learning_rate / 10 if encoder_lr is None else encoder_lr
+    check(encoder_lr > 0, f'--encoder_lr must be > 0, got {encoder_lr}')
+    return {'encoder_lr': encoder_lr}
+
+
+FINETUNE = Feature(
+    'fine-tuning (docs/USAGE.md, "Fine-tuning and label fractions")', scripts=('linear',), check=_check_finetune,
+    flags={'--finetune': dict(action='store_true',
+                              help='fine-tune the encoder end to end with the linear classifier (not frozen)'),
+           '--encoder_lr': dict(type=float, default=None,
+                                help='with --finetune: the encoder\'s learning rate, following the schedule as '
+                                     '--learning_rate does (default: 0.1 x --learning_rate)')},
+    run_name=lambda finetune, encoder_lr: f'_finetune_enclr_{encoder_lr}' if finetune else '')

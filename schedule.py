@@ -52,8 +52,10 @@ class Schedule:
 
 
 def set_lr(optimizer, lr):
+    """Every group's learning rate: ``lr`` times the group's ``lr_scale`` (1 unless set: the encoder's group under
+    ``main_linear.py --finetune --encoder_lr``)."""
     for group in optimizer.param_groups:
-        group['lr'] = lr
+        group['lr'] = lr * group.get('lr_scale', 1.0)
 
 
 class LARS(torch.optim.Optimizer):
@@ -104,17 +106,23 @@ def parameter_groups(params, weight_decay, exclude_bias_norm):
     params = [p for p in params if p.requires_grad]
     if not exclude_bias_norm:
         return [{'params': params}]
-    return [{'params': [p for p in params if p.ndim > 1]},
-            {'params': [p for p in params if p.ndim <= 1], 'weight_decay': 0.0, 'lars': False}]
+    groups = [{'params': [p for p in params if p.ndim > 1]},
+              {'params': [p for p in params if p.ndim <= 1], 'weight_decay': 0.0, 'lars': False}]
+    return [group for group in groups if group['params']]
 
 
 def set_optimizer(params, learning_rate, momentum, weight_decay, optimizer='sgd', exclude_bias_norm=False,
-                  lars_eta=0.001, adamw_betas=(0.9, 0.999)):
+                  lars_eta=0.001, adamw_betas=(0.9, 0.999), scaled=()):
     """The optimizer of ``--optimizer``: SupContrast's SGD with momentum and weight decay (the default), AdamW
     (``adamw_betas``; ``momentum`` unused) or :class:`LARS` (``lars_eta``; biases and normalization weights always
     excluded from its scaling and weight decay); ``exclude_bias_norm`` keeps them out of weight decay for the others
-    too (:func:`parameter_groups`)."""
-    groups = parameter_groups(params, weight_decay, exclude_bias_norm or optimizer == 'lars')
+    too (:func:`parameter_groups`). ``scaled``: ``[(params, lr_scale), ...]``, more parameters whose learning rate
+    is ``lr_scale`` times the schedule's (:func:`set_lr`)."""
+    exclude = exclude_bias_norm or optimizer == 'lars'
+    groups = parameter_groups(params, weight_decay, exclude)
+    for more, scale in scaled:
+        groups += [{**group, 'lr_scale': scale, 'lr': learning_rate * scale}
+                   for group in parameter_groups(more, weight_decay, exclude)]
     if optimizer == 'sgd':
         for group in groups:
             group.pop('lars', None)
@@ -128,10 +136,10 @@ def set_optimizer(params, learning_rate, momentum, weight_decay, optimizer='sgd'
     raise ValueError(f'unknown optimizer {optimizer!r} (sgd, adamw, lars)')
 
 
-def optimizer_for(opt, params):
+def optimizer_for(opt, params, scaled=()):
     """``set_optimizer`` with the command line's ``--optimizer``, ``--exclude_bias_norm`` and ``--lars_eta``."""
     return set_optimizer(params, opt.learning_rate, opt.momentum, opt.weight_decay, opt.optimizer,
-                         opt.exclude_bias_norm, opt.lars_eta)
+                         opt.exclude_bias_norm, opt.lars_eta, scaled=scaled)
 
 
 def _schedule_defaults(batch_size, warm, warm_epochs):

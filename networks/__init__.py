@@ -3,6 +3,7 @@ them."""
 from .resnet_big import (
     MODELS,
     STEMS,
+    EncoderClassifier,
     LinearClassifier,
     SupCEResNet,
     SupConResNet,
@@ -11,5 +12,5 @@ from .resnet_big import (
     parse_model_args,
 )
 
-__all__ = ['MODELS', 'STEMS', 'LinearClassifier', 'SupCEResNet', 'SupConResNet', 'build_encoder', 'is_model_name',
-           'parse_model_args']
+__all__ = ['MODELS', 'STEMS', 'EncoderClassifier', 'LinearClassifier', 'SupCEResNet', 'SupConResNet', 'build_encoder',
+           'is_model_name', 'parse_model_args']

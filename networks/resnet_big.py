@@ -254,3 +254,15 @@ class LinearClassifier(nn.Module):
 
     def forward(self, features):
         return self.fc(features)
+
+
+class EncoderClassifier(nn.Module):
+    """A stage-1 ``encoder`` with a :class:`LinearClassifier` on its features, trained end to end
+    (``main_linear.py --finetune``)."""
+
+    def __init__(self, encoder, classifier):
+        super().__init__()
+        self.encoder, self.classifier = encoder, classifier
+
+    def forward(self, x):
+        return self.classifier(self.encoder(x).float())

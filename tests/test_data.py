@@ -249,3 +249,23 @@ def test_image_folder_of_mixed_modes_trains_analyzes_and_evaluates(tmp_path):
     results = json.load(open(os.path.join(only_run_folder(tmp_path / 'lin'), 'results.json')))
     assert results['config']['dataset'] == 'path' and results['config']['data_folder'] == str(root)
     assert len(results['final_test_per_class_acc']) == 4            # a, b, c and the one-image class
+
+
+def test_labelled_fraction_is_stratified_fixed_and_keeps_every_class():
+    """--label_fraction: a stratified subset, the same whatever the run (seed 0), at least one image per class, and
+    within the long-tailed split when there is one."""
+    from data import build_dataset, labelled_fraction
+    targets = np.repeat(np.arange(4), [50, 20, 5, 1])
+    chosen = labelled_fraction(targets, 0.1)
+    assert np.bincount(targets[chosen]).tolist() == [5, 2, 1, 1]
+    assert np.array_equal(chosen, labelled_fraction(targets, 0.1)) and np.array_equal(chosen, np.sort(chosen))
+    assert not np.array_equal(chosen, labelled_fraction(targets, 0.1, seed=1))
+    opt = argparse.Namespace(dataset='digits_lt', data_folder=None, size=8, imb_factor=0.1, label_noise=0.0,
+                             label_granularity='fine', label_fraction=1.0)
+    whole = build_dataset(opt, True, None)
+    opt.label_fraction = 0.1
+    part = build_dataset(opt, True, None)
+    assert set(part.indices) <= set(whole.indices) and len(set(part.targets)) == 10
+    assert np.bincount(part.targets).tolist() == [max(1, round(0.1 * n)) for n in np.bincount(whole.targets)]
+    assert len(build_dataset(opt, False, None)) == len(build_dataset(argparse.Namespace(**{
+        **vars(opt), 'label_fraction': 1.0}), False, None))                 # the test split is whole
