@@ -144,7 +144,7 @@ def main(argv=None):
     if info.mean_std is None and not (opt.mean and opt.std):
         raise UserError(f'--dataset {opt.dataset}: the checkpoint has no --mean/--std to reuse')
     opt.model, opt.num_workers, opt.amp, opt.channels_last, opt.augment = None, 0, 'none', False, 'cpu'
-    opt.label_noise = 0.0                     # the analysis reads clean labels
+    opt.label_noise, opt.label_fraction = 0.0, 1.0      # the analysis reads clean labels, all of them
     opt.device = resolve_device(opt.device)
     if opt.max_points < 10:
         raise UserError(f'--max_points must be >= 10, got {opt.max_points}')

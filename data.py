@@ -7,6 +7,7 @@ when possible), their long-tailed training sets ``cifar10_lt`` / ``cifar100_lt``
 stratified 80/20 train/test split, upsampled to ``--size`` and made RGB.
 ``--label_granularity coarse`` trains on superclasses (CIFAR-100's 20, digits' 5).
 """
+import argparse
 import math
 import os
 import pickle
@@ -420,6 +421,9 @@ def build_transform(opt, kind):
     if kind == 'contrastive':
         steps += [transforms.RandomApply([transforms.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
                   transforms.RandomGrayscale(p=0.2)]
+    if opt.randaugment:              # after the crop (and colour), before the tensor: torchvision's RandAugment
+        num_ops, magnitude = opt.randaugment
+        steps.append(transforms.RandAugment(num_ops=num_ops, magnitude=magnitude))
     return transforms.Compose(steps + [transforms.ToTensor(), normalize])
 
 
@@ -552,17 +556,36 @@ LABEL_NOISE = Feature(
         if label_noise else ''))
 
 
-def _check_augment(augment, dataset):
+def randaugment_spec(text):
+    """``--randaugment``'s type: ``'N,M'`` -> ``(N, M)``, whole numbers, ``N >= 1`` and ``M`` in ``0..30``."""
+    parts = [p.strip() for p in text.split(',')]
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) < 1 or int(parts[1]) > 30:
+        raise argparse.ArgumentTypeError(f'expected N,M: N >= 1 operations of magnitude M in 0..30, e.g. "2,9"; '
+                                         f'got {text!r}')
+    return int(parts[0]), int(parts[1])
+
+
+def _check_augment(augment, dataset, randaugment, n_views):
     if augment == 'device':
         in_memory = ', '.join(name for name, row in DATASETS.items() if row.in_memory)
         check(dataset_info(dataset).in_memory,
               f'--augment device needs a dataset held in memory ({in_memory}); --dataset {dataset} decodes '
               f'image files in DataLoader workers: use --augment cpu')
+        check(not randaugment, '--randaugment runs in the PIL pipeline only (its 14 operations are not batched on the '
+                               'device here): use --augment cpu')
+    check(n_views >= 2, f'--n_views must be >= 2 (a contrastive loss needs two views of a sample), got {n_views}')
 
 
 AUGMENT = Feature(
     'augmentation (docs/AUGMENT.md)', check=_check_augment,
     flags={'--augment': dict(choices=['cpu', 'device'], default='cpu',
                              help='training augmentation: cpu (per image, PIL, DataLoader workers: SupContrast\'s) '
-                                  'or device (the same pipeline batched on --device; in-memory datasets)')},
-    run_name=lambda augment: '_devaug' if augment == 'device' else '')
+                                  'or device (the same pipeline batched on --device; in-memory datasets)'),
+           '--randaugment': dict(type=randaugment_spec, default=None,
+                                 help='add RandAugment with N operations of magnitude M, e.g. "2,9" (PIL pipeline: '
+                                      '--augment cpu; default: off)'),
+           '--n_views': dict(type=int, default=2, scripts=('supcon',),
+                             help='augmented views of each sample in a batch (default 2; every method takes V views)')},
+    run_name=lambda augment, randaugment, n_views: ('_devaug' if augment == 'device' else '')
+    + (f'_randaug_{randaugment[0]}_{randaugment[1]}' if randaugment else '')
+    + (f'_views_{n_views}' if n_views != 2 else ''))

@@ -19,6 +19,7 @@ from helpers import (
 
 def _opt(tmp_path, dataset, **kw):
     return argparse.Namespace(dataset=dataset, data_folder=str(tmp_path), size=32, imb_factor=0.1, label_noise=0.0,
+                              label_fraction=1.0,
                               label_granularity='fine', **kw)
 
 
@@ -50,11 +51,13 @@ def test_cifar100_coarse_mapping_on_a_fake_file(tmp_path):
 def test_digits_coarse_grouping():
     from data import DIGITS_COARSE, Digits, build_dataset
     assert np.bincount(DIGITS_COARSE).tolist() == [2] * 5
-    opt = argparse.Namespace(dataset='digits', data_folder=None, size=16, label_granularity='coarse', label_noise=0.0)
+    opt = argparse.Namespace(dataset='digits', data_folder=None, size=16, label_granularity='coarse', label_noise=0.0,
+                             label_fraction=1.0)
     coarse = build_dataset(opt, True, None)
     assert coarse.targets == [DIGITS_COARSE[y] for y in Digits(True).targets]
     with pytest.raises(Exception, match='coarse labels'):
-        build_dataset(argparse.Namespace(dataset='cifar10', size=32, data_folder='/none', label_noise=0.0), True,
+        build_dataset(argparse.Namespace(dataset='cifar10', size=32, data_folder='/none', label_noise=0.0,
+                                         label_fraction=1.0), True,
                       None, 'coarse')
 
 
@@ -117,6 +120,7 @@ def test_digits_lt_follows_the_profile_with_a_balanced_test_split():
 
     from data import build_dataset, class_counts, long_tail_counts
     opt = argparse.Namespace(dataset='digits_lt', data_folder=None, size=16, imb_factor=0.1, label_noise=0.0,
+                             label_fraction=1.0,
                              label_granularity='fine')
     full = class_counts(build_dataset(argparse.Namespace(**{**vars(opt), 'dataset': 'digits'}), True, None))
     lt = class_counts(build_dataset(opt, True, None))
@@ -269,3 +273,23 @@ def test_labelled_fraction_is_stratified_fixed_and_keeps_every_class():
     assert np.bincount(part.targets).tolist() == [max(1, round(0.1 * n)) for n in np.bincount(whole.targets)]
     assert len(build_dataset(opt, False, None)) == len(build_dataset(argparse.Namespace(**{
         **vars(opt), 'label_fraction': 1.0}), False, None))                 # the test split is whole
+
+
+def test_randaugment_and_views_flags():
+    """--randaugment N,M adds torchvision's RandAugment to the PIL pipeline (after the crop), is refused with
+    --augment device and for values out of range; --n_views names the run and must be at least 2."""
+    from torchvision import transforms
+
+    from data import build_transform
+    from helpers import run_in_process
+    from options import parse_option
+    opt = parse_option('supcon', ['--randaugment', '2,9', '--n_views', '3'])
+    steps = build_transform(opt, 'contrastive').transforms
+    rand = [t for t in steps if isinstance(t, transforms.RandAugment)]
+    assert len(rand) == 1 and (rand[0].num_ops, rand[0].magnitude) == (2, 9)
+    assert '_randaug_2_9_views_3' in opt.run_name
+    assert not any(isinstance(t, transforms.RandAugment) for t in build_transform(parse_option('ce', []), 'train')
+                   .transforms)
+    for args, words in [(['--randaugment', '2,9', '--augment', 'device'], 'PIL pipeline only'),
+                        (['--randaugment', '2,31'], '--randaugment'), (['--n_views', '1'], '--n_views must be >= 2')]:
+        assert_one_line_error(run_in_process('main_supcon.py', *args), *words)

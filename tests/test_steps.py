@@ -164,3 +164,16 @@ def test_the_bcl_weights_reach_its_loss(ce_weight, weight):
     want = ce_weight * stats['bcl/ce'] + weight * stats['bcl/contrastive']
     torch.testing.assert_close(torch.as_tensor(loss, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64))
     assert stats['bcl/ce'] > 0 and stats['bcl/contrastive'] > 0
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_three_views_train_every_method_and_chunks_equal_the_plain_step(case):
+    """Issue 42, --n_views: every method takes V = 3 views of each sample in a step (finite loss, gradients), and
+    gradient caching still gives the plain step's gradients."""
+    views, labels, ids = step_batch(0)
+    views = views + [views[0].flip(-1)]
+    loss, _, grads = take_steps(build(case, 0), views, labels, ids, seed=1)
+    loss_c, _, grads_c = take_steps(build(case, 5), views, labels, ids, seed=1)
+    assert torch.isfinite(loss) and grads
+    torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-6)
+    assert_grads_equal(grads_c, grads, case)
