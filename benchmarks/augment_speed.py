@@ -38,8 +38,8 @@ def pil_transform():
     from types import SimpleNamespace
 
     from data import build_transform
-    return TwoCropTransform(build_transform(SimpleNamespace(dataset='cifar10', size=32, mean=None, std=None),
-                                            'contrastive'))
+    return TwoCropTransform(build_transform(SimpleNamespace(dataset='cifar10', size=32, mean=None, std=None,
+                                                            randaugment=None), 'contrastive'))
 
 
 def per_core(n, reps=5):

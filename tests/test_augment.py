@@ -241,7 +241,7 @@ def test_cpu_and_device_pipelines_agree_on_digits_statistics():
     import argparse
 
     from data import Digits, build_transform
-    opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None)
+    opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None, randaugment=None)
     torch.manual_seed(0)
     pil = Digits(train=True, size=16, transform=build_transform(opt, 'contrastive'))
     cpu_a = torch.stack([pil[i][0] for i in range(len(pil))])
@@ -361,7 +361,7 @@ def test_evaluation_loaders_equal_the_cpu_evaluation_transform():
     from runtime import GENERATORS
     opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None, local_batch_size=64, batch_size=100,
                              seed=0, world_size=2, rank=1, device=torch.device('cpu'), channels_last=False,
-                             augment='device', num_workers=0)
+                             augment='device', num_workers=0, randaugment=None)
     train = build_loader(opt, Digits(train=True, size=16), train=True, kind='train')
     g = GENERATORS['augment']
     test = Digits(train=False, size=16, transform=build_transform(opt, 'eval'))
