@@ -8,6 +8,7 @@ stratified 80/20 train/test split, upsampled to ``--size`` and made RGB.
 ``--label_granularity coarse`` trains on superclasses (CIFAR-100's 20, digits' 5).
 """
 import argparse
+import functools
 import math
 import os
 import pickle
@@ -99,8 +100,9 @@ class Relabeled(Dataset):
 
 
 def class_counts(dataset):
-    """Training samples per class (for many/medium/few-shot groups)."""
-    return np.bincount(np.asarray(dataset.targets), minlength=num_classes(dataset)).tolist()
+    """Training samples per class (for many/medium/few-shot groups); unlabelled samples (-1) are not counted."""
+    targets = np.asarray(dataset.targets)
+    return np.bincount(targets[targets >= 0], minlength=num_classes(dataset)).tolist()
 
 
 class TwoCropTransform:
@@ -229,6 +231,128 @@ def _image_folder(data_folder, split, transform):
         raise UserError(f'cannot read images in {folder}: {str(e).splitlines()[0]}') from None
 
 
+class STL10(datasets.STL10):
+    """torchvision's STL-10 (96 px; 5,000 labelled training images, 8,000 test, 100,000 unlabelled) with the files
+    accepted when present (no MD5 check of the archive's extracted files), ``targets`` and the images held as one
+    uint8 ``[N, H, W, C]`` array (what ``--augment device`` puts on the device). Unlabelled images have label -1."""
+
+    def __init__(self, root, split, transform=None, download=False):
+        super().__init__(root, split=split, transform=transform, download=download)
+        self.data = np.ascontiguousarray(self.data.transpose(0, 2, 3, 1))           # NCHW -> NHWC, once
+        self.targets = self.labels.astype(np.int64).tolist()
+
+    def _check_integrity(self):
+        folder = os.path.join(self.root, self.base_folder)
+        return all(os.path.isfile(os.path.join(folder, name)) for name, _ in self.train_list + self.test_list)
+
+    def __getitem__(self, index):
+        image = Image.fromarray(self.data[index])
+        return (self.transform(image) if self.transform is not None else image), self.targets[index]
+
+
+STL10_FILES = ('train_X.bin', 'train_y.bin', 'test_X.bin', 'test_y.bin', 'unlabeled_X.bin', 'class_names.txt')
+
+
+def _stl10(data_folder, size, train, transform, unlabeled=False):
+    """STL-10's train (with ``unlabeled``: train + the 100,000 unlabelled images, labels -1) or test split."""
+    where = os.path.join(data_folder, STL10.base_folder)
+    needed = [f for f in STL10_FILES if unlabeled or f != 'unlabeled_X.bin']
+    present = all(os.path.isfile(os.path.join(where, name)) for name in needed)
+    if not is_main():
+        barrier()
+    try:
+        dataset = STL10(data_folder, ('train+unlabeled' if unlabeled else 'train') if train else 'test', transform,
+                        download=not present)
+        if is_main():
+            barrier()
+        return dataset
+    except Exception as e:  # offline, unreadable or corrupt files
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f'stl10 not found or unreadable in {where} ({reason}); put the binary files '
+                        f'({", ".join(needed)}) there or point --data_folder at their parent') from None
+
+
+# The 100 ImageNet classes of Tian et al.'s CMC ("Contrastive Multiview Coding", ECCV 2020; its imagenet100.txt),
+# the ImageNet-100 of the contrastive literature
+IMAGENET100_CLASSES = (
+    'n02869837 n01749939 n02488291 n02107142 n13037406 n02091831 n04517823 n04589890 n03062245 n01773797 n01735189 '
+    'n07831146 n07753275 n03085013 n04485082 n02105505 n01983481 n02788148 n03530642 n04435653 n02086910 n02859443 '
+    'n13040303 n03594734 n02085620 n02099849 n01558993 n04493381 n02109047 n04111531 n02877765 n04429376 n02009229 '
+    'n01978455 n02106550 n01820546 n01692333 n07714571 n02974003 n02114855 n03785016 n03764736 n03775546 n02087046 '
+    'n07836838 n04099969 n04592741 n03891251 n02701002 n03379051 n02259212 n07715103 n03947888 n04026417 n02326432 '
+    'n03637318 n01980166 n02113799 n02086240 n03903868 n02483362 n04127249 n02089973 n03017168 n02093428 n02804414 '
+    'n02396427 n04418357 n02172182 n01729322 n02113978 n03787032 n02089867 n02119022 n03777754 n04238763 n02231487 '
+    'n03032252 n02138441 n02104029 n03837869 n03494278 n04136333 n03794056 n03492542 n02018207 n04067472 n03930630 '
+    'n03584829 n02123045 n04229816 n02100583 n03642806 n04336792 n03259280 n02116738 n02108089 n03424325 n01855672 '
+    'n02090622').split()
+
+
+class ClassFolders(datasets.ImageFolder):
+    """An ImageFolder restricted to ``classes`` (folder names; every one must be there), e.g. ImageNet-100 in an
+    ImageNet tree, or every class folder when ``classes`` is ``None``."""
+
+    def __init__(self, root, transform=None, classes=None):
+        self.wanted = None if classes is None else sorted(classes)
+        super().__init__(root, transform=transform, loader=load_image)
+
+    def find_classes(self, directory):
+        if self.wanted is None:
+            return super().find_classes(directory)
+        missing = [c for c in self.wanted if not os.path.isdir(os.path.join(directory, c))]
+        if missing:
+            raise UserError(f'{directory} lacks {len(missing)} of the {len(self.wanted)} class folders of this dataset '
+                            f'(e.g. {", ".join(missing[:3])}); point --data_folder at the folder holding train/ and '
+                            f'val/ with one sub-folder per class')
+        return self.wanted, {c: i for i, c in enumerate(self.wanted)}
+
+
+def _class_folders(data_folder, split, transform, classes, name):
+    folder = os.path.join(data_folder, split)
+    if not os.path.isdir(folder):
+        raise UserError(f'--dataset {name} expects {folder} (train/ and val/ with one folder per class); not found: '
+                        f'point --data_folder at their parent')
+    return ClassFolders(folder, transform, classes)
+
+
+def _imagenet100(data_folder, size, train, transform):
+    return _class_folders(data_folder, 'train' if train else 'val', transform, IMAGENET100_CLASSES, 'imagenet100')
+
+
+class TinyImageNetVal(Dataset):
+    """Tiny ImageNet's validation split as it is distributed: ``val/images/*.JPEG`` and ``val/val_annotations.txt``
+    (file name, class id, box), with the training split's classes."""
+
+    def __init__(self, folder, classes, transform=None):
+        index = {c: i for i, c in enumerate(classes)}
+        with open(os.path.join(folder, 'val_annotations.txt')) as f:
+            rows = [line.split('\t')[:2] for line in f if line.strip()]
+        unknown = sorted({c for _, c in rows} - set(index))
+        if unknown:
+            raise UserError(f'{folder}/val_annotations.txt names classes the training split lacks: {unknown[:3]}')
+        self.samples = [(os.path.join(folder, 'images', name), index[c]) for name, c in rows]
+        self.targets, self.classes, self.transform = [t for _, t in self.samples], list(classes), transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, target = self.samples[i]
+        image = load_image(path)
+        return (self.transform(image) if self.transform is not None else image), target
+
+
+def _tinyimagenet(data_folder, size, train, transform):
+    """Tiny ImageNet (200 classes, 64 px) as distributed (``train/<wnid>/images``, ``val/images`` with
+    ``val/val_annotations.txt``), or with ``val/`` already sorted into class folders."""
+    train_set = _class_folders(data_folder, 'train', transform if train else None, None, 'tinyimagenet')
+    if train:
+        return train_set
+    val = os.path.join(data_folder, 'val')
+    if os.path.isfile(os.path.join(val, 'val_annotations.txt')):
+        return TinyImageNetVal(val, train_set.classes, transform)
+    return _class_folders(data_folder, 'val', transform, train_set.classes, 'tinyimagenet')
+
+
 def _digits(data_folder, size, train, transform):
     return Digits(train=train, size=size, transform=transform)
 
@@ -253,7 +377,8 @@ class DatasetInfo:
     (``--imb_factor``); ``augment``: ``'natural'`` (crop + flip) or ``'digits'`` (no flips,
     milder crops); ``resize_eval``: resize + centre-crop test images to ``--size``;
     ``needs_folder``: ``--data_folder`` must be given; ``in_memory``: the training images are one array in
-    memory (what ``--augment device`` puts on the device)."""
+    memory (what ``--augment device`` puts on the device); ``labelled``: for a training set with unlabelled images
+    (label -1: methods without labels only), the dataset its encoder is evaluated on."""
     load: Callable
     mean_std: Optional[tuple] = None
     size: int = 32
@@ -264,11 +389,14 @@ class DatasetInfo:
     resize_eval: bool = False
     needs_folder: bool = False
     in_memory: bool = True
+    labelled: Optional[str] = None
 
 
 # pixel statistics of the 8x8 digits scaled to [0, 1]
 _DIGITS_MEAN_STD = ((0.305, 0.305, 0.305), (0.376, 0.376, 0.376))
 _CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
+_IMAGENET_MEAN_STD = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+_STL10_MEAN_STD = ((0.4467, 0.4398, 0.4066), (0.2603, 0.2566, 0.2713))
 _CIFAR100_MEAN_STD = ((0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761))
 _CIFAR100_COARSE = (CIFAR100_COARSE, _COARSE)
 
@@ -282,6 +410,13 @@ DATASETS = {
     'cifar10_lt': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD, long_tail=True),
     'cifar100_lt': DatasetInfo(_cifar(CIFAR100), _CIFAR100_MEAN_STD, coarse=_CIFAR100_COARSE, long_tail=True),
     'path': DatasetInfo(_path, None, resize_eval=True, needs_folder=True, in_memory=False),
+    'stl10': DatasetInfo(_stl10, _STL10_MEAN_STD, size=96),
+    'stl10_unlabeled': DatasetInfo(functools.partial(_stl10, unlabeled=True), _STL10_MEAN_STD, size=96,
+                                   labelled='stl10'),
+    'imagenet100': DatasetInfo(_imagenet100, _IMAGENET_MEAN_STD, size=224, resize_eval=True, needs_folder=True,
+                               in_memory=False),
+    'tinyimagenet': DatasetInfo(_tinyimagenet, ((0.4802, 0.4481, 0.3975), (0.2302, 0.2265, 0.2262)), size=64,
+                                resize_eval=True, needs_folder=True, in_memory=False),
 }
 
 

@@ -198,6 +198,11 @@ def validate(opt, script, given):
         check(opt.data_folder, f'--dataset {opt.dataset} needs --data_folder with train/ and val/ '
                                f'ImageFolder sub-folders')
     method = get_method(opt.method) if script == 'supcon' else None
+    if info.labelled is not None:
+        without = ', '.join(m.name for m in METHODS.values() if not m.uses_labels)
+        check(method is not None and not method.uses_labels,
+              f'--dataset {opt.dataset} has unlabelled images: pre-train on it with a method without labels '
+              f'(main_supcon.py --method {without}); evaluate on --dataset {info.labelled}')
     for feature in FEATURES:
         if feature.check is not None and script in feature.scripts:
             vars(opt).update(call_hook(feature.check, opt, script=script, given=given, method_entry=method) or {})
@@ -283,7 +288,7 @@ def adopt_stage1_settings(opt, given):
     they are."""
     config = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)').get('config') or {}
     if 'dataset' not in given and config.get('dataset') in DATASETS:     # not digits, the flag's default, silently
-        opt.dataset = config['dataset']
+        opt.dataset = dataset_info(config['dataset']).labelled or config['dataset']    # stl10_unlabeled: stl10
         if 'data_folder' not in given and config.get('data_folder') is not None:
             opt.data_folder = config['data_folder']
     saved = {key: config.get(key) for key in STAGE1_INPUT}

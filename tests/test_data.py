@@ -13,6 +13,7 @@ from helpers import (
     make_fake_cifar,
     make_image_folder,
     only_run_folder,
+    run_in_process,
     run_script,
 )
 
@@ -293,3 +294,86 @@ def test_randaugment_and_views_flags():
     for args, words in [(['--randaugment', '2,9', '--augment', 'device'], 'PIL pipeline only'),
                         (['--randaugment', '2,31'], '--randaugment'), (['--n_views', '1'], '--n_views must be >= 2')]:
         assert_one_line_error(run_in_process('main_supcon.py', *args), *words)
+
+
+# ---------------------------------------------------------------- mid-scale datasets (issue 42), on generated files
+def make_fake_stl10(root, n_train=20, n_test=10, n_unlabeled=30, size=96):
+    """STL-10's binary files as torchvision reads them (column-major 3 x 96 x 96 uint8 images, 1-based labels)."""
+    rng = np.random.default_rng(0)
+    folder = os.path.join(root, 'stl10_binary')
+    os.makedirs(folder)
+    for split, n in (('train', n_train), ('test', n_test), ('unlabeled', n_unlabeled)):
+        rng.integers(0, 256, (n, 3, size, size), dtype=np.uint8).tofile(os.path.join(folder, f'{split}_X.bin'))
+        if split != 'unlabeled':
+            (np.arange(n) % 10 + 1).astype(np.uint8).tofile(os.path.join(folder, f'{split}_y.bin'))
+    with open(os.path.join(folder, 'class_names.txt'), 'w') as f:
+        f.write('\n'.join(f'class{i}' for i in range(10)))
+    with open(os.path.join(folder, 'fold_indices.txt'), 'w') as f:
+        f.write(' '.join(map(str, range(n_train))))
+    return str(root)
+
+
+@pytest.mark.slow
+def test_stl10_trains_simclr_on_the_unlabelled_split_and_evaluates_on_the_labelled(tmp_path):
+    """--dataset stl10 reads STL-10's binary files (held in memory: --augment device serves them); stl10_unlabeled
+    adds the unlabelled images for a method without labels (SupCon on it is one line), and main_linear.py then
+    evaluates on stl10; without the files, one line points to --data_folder."""
+    from data import build_dataset
+    root = make_fake_stl10(tmp_path / 'data')
+    opt = argparse.Namespace(dataset='stl10', data_folder=root, size=96, label_noise=0.0, label_fraction=1.0,
+                             label_granularity='fine', imb_factor=0.01)
+    train = build_dataset(opt, True, None)
+    assert len(train) == 20 and train.data.shape == (20, 96, 96, 3) and train.targets[:3] == [0, 1, 2]
+    common = ['--data_folder', root, '--size', 16, '--model', 'resnet_tiny', '--batch_size', 16, '--num_workers', 0,
+              '--device', 'cpu', '--epochs', 1, '--print_freq', 1000]
+    run_script('main_supcon.py', '--dataset', 'stl10_unlabeled', '--method', 'SimCLR', '--augment', 'device', *common,
+               '--save_folder', tmp_path / 'pre')
+    ckpt = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    out = run_script('main_linear.py', '--ckpt', ckpt, '--batch_size', 16, '--num_workers', 0, '--device', 'cpu',
+                     '--epochs', 1, '--save_folder', tmp_path / 'lin')
+    assert 'final test top-1' in out.stdout and '/stl10/' in only_run_folder(tmp_path / 'lin')
+    assert_one_line_error(run_in_process('main_supcon.py', '--dataset', 'stl10_unlabeled', *common[:2]),
+                          'unlabelled images', '--method SimCLR')
+    assert_one_line_error(run_in_process('main_supcon.py', '--dataset', 'stl10', '--data_folder', tmp_path / 'none',
+                                         '--save_folder', tmp_path / 'x'), 'stl10 not found', '--data_folder')
+
+
+def test_imagenet100_and_tinyimagenet_layouts(tmp_path):
+    """imagenet100: the 100 CMC classes of an ImageNet-style tree (others ignored; a missing one is one line);
+    tinyimagenet: the distributed layout (train/<wnid>/images, val/images + val_annotations.txt). Defaults: 224 px
+    with the ImageNet stem and ImageNet statistics, 64 px with the CIFAR stem."""
+    from PIL import Image
+
+    from data import IMAGENET100_CLASSES, build_dataset, mean_std
+    from options import parse_option
+    assert len(set(IMAGENET100_CLASSES)) == 100
+    rng = np.random.default_rng(0)
+    image = lambda: Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+    net = tmp_path / 'imagenet'
+    for split in ('train', 'val'):
+        for wnid in (*IMAGENET100_CLASSES, 'n99999999'):
+            os.makedirs(net / split / wnid)
+            image().save(net / split / wnid / 'a.JPEG')
+    opt = parse_option('supcon', ['--dataset', 'imagenet100', '--data_folder', str(net)])
+    assert (opt.size, opt.stem, mean_std(opt.dataset, None, None)[0][0]) == (224, 'imagenet', 0.485)
+    train = build_dataset(opt, True, None)
+    assert len(train.classes) == 100 and 'n99999999' not in train.classes and len(train) == 100
+    import shutil
+    shutil.rmtree(net / 'val' / IMAGENET100_CLASSES[5])
+    with pytest.raises(Exception, match='lacks 1 of the 100 class folders'):
+        build_dataset(opt, False, None)
+    tiny = tmp_path / 'tiny'
+    wnids = ['n01443537', 'n01629819', 'n01641577']
+    for wnid in wnids:
+        os.makedirs(tiny / 'train' / wnid / 'images')
+        for i in range(2):
+            image().save(tiny / 'train' / wnid / 'images' / f'{wnid}_{i}.JPEG')
+    os.makedirs(tiny / 'val' / 'images')
+    with open(tiny / 'val' / 'val_annotations.txt', 'w') as f:
+        for i, wnid in enumerate([wnids[2], wnids[0]]):
+            image().save(tiny / 'val' / 'images' / f'val_{i}.JPEG')
+            f.write(f'val_{i}.JPEG\t{wnid}\t0\t0\t8\t8\n')
+    opt = parse_option('ce', ['--dataset', 'tinyimagenet', '--data_folder', str(tiny)])
+    assert (opt.size, opt.stem) == (64, 'cifar')
+    train, val = build_dataset(opt, True, None), build_dataset(opt, False, None)
+    assert train.classes == wnids and len(train) == 6 and val.targets == [2, 0] and val[0][1] == 2
