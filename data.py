@@ -25,6 +25,7 @@ from augment import DeviceLoader
 from datasets_indexed import IndexedDataset
 from distributed import barrier, is_main
 from flags import Feature, UserError, check
+from util import progress, writable_folder
 
 # CIFAR-100's 20 superclasses (Krizhevsky 2009), 5 fine classes each. Fine and coarse indices are
 # the alphabetical orders of the names, as in the dataset's meta file.
@@ -467,7 +468,12 @@ def build_dataset(opt, train, transform, granularity=None):
     info = dataset_info(opt.dataset)
     granularity = granularity or opt.label_granularity
     mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
-    base = info.load(opt.data_folder, opt.size, train, transform)
+    if opt.image_cache and not info.in_memory:      # decoded once, at a fixed size, into a uint8 file
+        base = cached_images(info.load(opt.data_folder, opt.size, train, None), opt.image_cache,
+                             os.path.join(opt.data_folder, '.cache', f'{opt.dataset}_{"train" if train else "val"}'),
+                             transform)
+    else:
+        base = info.load(opt.data_folder, opt.size, train, transform)
     indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if info.long_tail and train else None
     if train and opt.label_fraction < 1:           # the labelled part: a fixed stratified subset (seed 0)
         pool = np.arange(len(base)) if indices is None else np.asarray(indices)
@@ -597,6 +603,72 @@ def last_batch_of_one(n, world_size, batch_size):
     return per_process > 1 and per_process % batch_size == 1
 
 
+class CachedImages(Dataset):
+    """A split's images decoded once into a uint8 ``[N, S, S, C]`` array (``data``, memory-mapped from its file),
+    with ``targets`` and ``classes``: what ``--augment device`` serves without PIL; ``__getitem__`` gives PIL images
+    through ``transform`` for the DataLoader's pipeline."""
+
+    def __init__(self, data, targets, classes, transform=None):
+        self.data, self.targets, self.classes, self.transform = data, list(targets), list(classes), transform
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, i):
+        image = Image.fromarray(np.asarray(self.data[i]))
+        return (self.transform(image) if self.transform is not None else image), self.targets[i]
+
+
+def _fingerprint(dataset, size):
+    """What a cache was built from: its size and every file's path, length and modification time (a changed,
+    added or removed image builds it again)."""
+    import hashlib
+    digest = hashlib.sha1(str(size).encode())
+    for path, target in getattr(dataset, 'samples', []):
+        stat = os.stat(path)
+        digest.update(f'{path}\0{target}\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
+    return digest.hexdigest()
+
+
+def cached_images(dataset, size, stem, transform):
+    """``dataset``'s images (an ImageFolder-like split with ``samples``) resized (shorter side) and centre-cropped to
+    ``size`` x ``size`` once, into ``<stem>_<size>.npy`` with its labels beside it (``--image_cache``), reused while the
+    files are unchanged; rank 0 builds it, the other torchrun processes wait. Prints the build time and size."""
+    import json
+    import time
+    data_path, meta_path = f'{stem}_{size}.npy', f'{stem}_{size}.json'
+    key = _fingerprint(dataset, size)
+
+    def valid():
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+            return meta if meta.get('fingerprint') == key and os.path.isfile(data_path) else None
+        except (OSError, ValueError):
+            return None
+    if is_main() and valid() is None:
+        folder = writable_folder(os.path.dirname(stem), '--image_cache (under --data_folder)')
+        start = time.time()
+        shape = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size)])
+        out = np.lib.format.open_memmap(data_path + '.tmp.npy', mode='w+', dtype=np.uint8,
+                                        shape=(len(dataset), size, size, 3))
+        for i in progress(range(len(dataset)), f'caching {os.path.basename(stem)} at {size} px'):
+            out[i] = np.asarray(shape(dataset[i][0]).convert('RGB'))
+        out.flush()
+        del out
+        os.replace(data_path + '.tmp.npy', data_path)
+        with open(meta_path, 'w') as f:
+            json.dump({'fingerprint': key, 'targets': list(map(int, dataset.targets)),
+                       'classes': list(dataset.classes)}, f)
+        print(f'image cache: {len(dataset)} images at {size} px in {time.time() - start:.1f} s, '
+              f'{os.path.getsize(data_path) / 2 ** 20:.1f} MB: {data_path} (in {folder})', flush=True)
+    barrier()
+    meta = valid()
+    if meta is None:
+        raise UserError(f'the image cache {data_path} is missing or stale after it was built; remove it and rerun')
+    return CachedImages(np.load(data_path, mmap_mode='r'), meta['targets'], meta['classes'], transform)
+
+
 def in_memory_images(dataset):
     """``(uint8 [N, H, W, C] numpy array, targets list)`` of a dataset whose images are held in memory:
     :class:`Digits`, torchvision's CIFAR, and the views of them that this module builds (``Relabeled`` subsets
@@ -612,6 +684,8 @@ def in_memory_images(dataset):
         return images[np.asarray(dataset.indices)], list(dataset.targets)
     if isinstance(dataset, Digits):
         return np.stack([np.asarray(im) for im in dataset.images]), list(dataset.targets)
+    if isinstance(dataset, CachedImages):
+        return np.array(dataset.data), list(dataset.targets)         # into memory (the file is read-only)
     data = getattr(dataset, 'data', None)
     if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4:
         return data, list(dataset.targets)
@@ -700,12 +774,15 @@ def randaugment_spec(text):
     return int(parts[0]), int(parts[1])
 
 
-def _check_augment(augment, dataset, randaugment, n_views):
+def _check_augment(augment, dataset, randaugment, n_views, image_cache):
+    check(image_cache >= 0, f'--image_cache must be >= 0 (0: off), got {image_cache}')
+    check(not image_cache or not dataset_info(dataset).in_memory,
+          f'--image_cache is for datasets read from image files; --dataset {dataset} is held in memory already')
     if augment == 'device':
         in_memory = ', '.join(name for name, row in DATASETS.items() if row.in_memory)
-        check(dataset_info(dataset).in_memory,
-              f'--augment device needs a dataset held in memory ({in_memory}); --dataset {dataset} decodes '
-              f'image files in DataLoader workers: use --augment cpu')
+        check(dataset_info(dataset).in_memory or image_cache,
+              f'--augment device needs a dataset held in memory ({in_memory}), or --image_cache SIZE for one read from '
+              f'image files (--dataset {dataset}): use --image_cache or --augment cpu')
         check(not randaugment, '--randaugment runs in the PIL pipeline only (its 14 operations are not batched on the '
                                'device here): use --augment cpu')
     check(n_views >= 2, f'--n_views must be >= 2 (a contrastive loss needs two views of a sample), got {n_views}')
@@ -719,8 +796,13 @@ AUGMENT = Feature(
            '--randaugment': dict(type=randaugment_spec, default=None,
                                  help='add RandAugment with N operations of magnitude M, e.g. "2,9" (PIL pipeline: '
                                       '--augment cpu; default: off)'),
+           '--image_cache': dict(type=int, default=0,
+                                 help='image-file datasets: decode every image once at this size (shorter side, '
+                                      'centre crop) into a uint8 file under --data_folder/.cache, which --augment '
+                                      'device serves without PIL (default 0: off)'),
            '--n_views': dict(type=int, default=2, scripts=('supcon',),
                              help='augmented views of each sample in a batch (default 2; every method takes V views)')},
-    run_name=lambda augment, randaugment, n_views: ('_devaug' if augment == 'device' else '')
+    run_name=lambda augment, randaugment, n_views, image_cache: ('_devaug' if augment == 'device' else '')
+    + (f'_cache_{image_cache}' if image_cache else '')
     + (f'_randaug_{randaugment[0]}_{randaugment[1]}' if randaugment else '')
     + (f'_views_{n_views}' if n_views != 2 else ''))

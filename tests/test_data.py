@@ -377,3 +377,27 @@ def test_imagenet100_and_tinyimagenet_layouts(tmp_path):
     assert (opt.size, opt.stem) == (64, 'cifar')
     train, val = build_dataset(opt, True, None), build_dataset(opt, False, None)
     assert train.classes == wnids and len(train) == 6 and val.targets == [2, 0] and val[0][1] == 2
+
+
+@pytest.mark.slow
+def test_image_cache_serves_an_image_folder_to_device_augmentation(tmp_path):
+    """--image_cache SIZE: an image-file dataset decoded once at SIZE into a uint8 file under --data_folder/.cache
+    (build time and size printed), served by --augment device; a second run reuses it, a changed image rebuilds it;
+    an in-memory dataset refuses it and --augment device without it is one line."""
+    from PIL import Image
+    root = make_image_folder(tmp_path / 'data', per_class=5, size=12)
+    args = ['--dataset', 'path', '--data_folder', root, '--mean', '(0.5, 0.5, 0.5)', '--std', '(0.25, 0.25, 0.25)',
+            '--image_cache', 16, '--augment', 'device', '--size', 8, '--model', 'resnet_tiny', '--epochs', 1,
+            '--batch_size', 8, '--num_workers', 0, '--device', 'cpu']
+    first = run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'a')
+    assert 'image cache: 15 images at 16 px' in first.stdout
+    cached = np.load(os.path.join(root, '.cache', 'path_train_16.npy'))
+    assert cached.shape == (15, 16, 16, 3) and cached.dtype == np.uint8
+    again = run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'b')
+    assert 'image cache' not in again.stdout
+    Image.fromarray(np.zeros((12, 12, 3), dtype=np.uint8)).save(os.path.join(root, 'train', 'a', '0.png'))
+    rebuilt = run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'c')
+    assert 'image cache: 15 images' in rebuilt.stdout
+    assert not np.load(os.path.join(root, '.cache', 'path_train_16.npy'))[0].any()       # the new black image
+    assert_one_line_error(run_in_process('main_supcon.py', '--image_cache', 16), 'held in memory already')
+    assert_one_line_error(run_in_process('main_supcon.py', *args[:8], '--augment', 'device'), '--image_cache')
