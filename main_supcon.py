@@ -7,7 +7,7 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
 """
 from collections import defaultdict
 
-from data import TwoCropTransform, build_dataset, build_loader, build_transform, class_counts, save_label_noise
+from data import build_dataset, build_loader, class_counts, contrastive_views, save_label_noise
 from datasets_indexed import IndexedDataset
 from engine import fit, setup, train_loop
 from flags import call_hook
@@ -21,10 +21,10 @@ from util import run_cli
 
 def main(argv=None):
     opt = setup(parse_option('supcon', argv))
-    train_set = build_dataset(opt, True, TwoCropTransform(build_transform(opt, 'contrastive'), opt.n_views))
+    train_set = build_dataset(opt, True, contrastive_views(opt))     # --n_views (and --num_small_crops) views
     if get_method(opt.method).uses_ids or opt.queue_size:     # the queue stores dataset ids too
         train_set = IndexedDataset(train_set)
-    loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=opt.n_views)
+    loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=opt.n_views)   # device: large only
     save_label_noise(opt.run_folder, train_set)
     pre = Pretraining(opt, len(train_set), class_counts=class_counts(train_set))   # model, loss, CARROT, queue, ...
     optimizer = optimizer_for(opt, pre.parameters())

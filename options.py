@@ -18,7 +18,7 @@ import math
 import os
 
 from checkpoint import load_checkpoint
-from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, dataset_info, mean_std
+from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info, mean_std
 from flags import SCRIPTS, UserError, call_hook, check, check_temperature, dest, epoch_list, floats
 from knn import MONITOR
 from memory_queue import QUEUE
@@ -31,7 +31,7 @@ from steps import CARROT_FLAGS, CE_LOSS, CHUNKS, ONE_STAGE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours).
 FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION, AUGMENT,
-            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE]
+            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP]
 
 # SupContrast's per-script defaults.
 SCRIPT_DEFAULTS = {

@@ -285,8 +285,18 @@ class CETraining:
 # ---------------------------------------------------------------- gradient caching
 def device_batch(runtime, views):
     """The views of a batch as one view-major tensor on the device: each view is copied on its own (from the
-    loader's pinned memory, asynchronously) and concatenated there, not on the host in pageable memory."""
-    return runtime.to_device(torch.cat([v.to(runtime.device, non_blocking=True) for v in views], dim=0))
+    loader's pinned memory, asynchronously) and concatenated there, not on the host in pageable memory. Views of
+    different sizes (multi-crop: the large ones first) give a list of such tensors, one per run of equal sizes,
+    which the model encodes one by one in a single forward (``SupConResNet.forward``)."""
+    groups = [[views[0]]]
+    for view in views[1:]:
+        if view.shape == groups[-1][0].shape:
+            groups[-1].append(view)
+        else:
+            groups.append([view])
+    batches = [runtime.to_device(torch.cat([v.to(runtime.device, non_blocking=True) for v in group], dim=0))
+               for group in groups]
+    return batches[0] if len(batches) == 1 else batches
 
 
 def chunk_bounds(bsz, chunk_size, n_views):

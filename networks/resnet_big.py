@@ -7,6 +7,7 @@ there is ``resnet_tiny`` (one basic block per stage, widths 16-32-64-128): it is
 needs and it trains in seconds on a CPU. :func:`build_encoder` builds either kind; every encoder it builds carries
 its feature width as ``feature_dim``.
 """
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -213,8 +214,10 @@ class SupConResNet(nn.Module):
         """Normalized projections; with ``parts=True`` (encoder output, projection before normalization).
 
         ``parts`` is a forward argument (not a separate method) so that it goes through
-        DistributedDataParallel's ``forward``, which gradient synchronization needs."""
-        h = self.encoder(x)
+        DistributedDataParallel's ``forward``, which gradient synchronization needs. ``x`` may be a list of batches of
+        different image sizes (multi-crop): each goes through the encoder on its own (BatchNorm per size) and the
+        outputs are concatenated in order, in one call (DDP allows one forward per backward)."""
+        h = torch.cat([self.encoder(part) for part in x]) if isinstance(x, (list, tuple)) else self.encoder(x)
         z = self.head(h)
         return (h, z) if parts else F.normalize(z, dim=1)
 

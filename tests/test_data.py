@@ -292,7 +292,12 @@ def test_randaugment_and_views_flags():
     assert not any(isinstance(t, transforms.RandAugment) for t in build_transform(parse_option('ce', []), 'train')
                    .transforms)
     for args, words in [(['--randaugment', '2,9', '--augment', 'device'], 'PIL pipeline only'),
-                        (['--randaugment', '2,31'], '--randaugment'), (['--n_views', '1'], '--n_views must be >= 2')]:
+                        (['--randaugment', '2,31'], '--randaugment'), (['--n_views', '1'], '--n_views must be >= 2'),
+                        (['--num_small_crops', '2', '--augment', 'device'], 'PIL pipeline'),
+                        (['--num_small_crops', '2', '--chunk_size', '8'], 'gradient caching'),
+                        (['--num_small_crops', '2', '--small_size', '16'], '--small_size must be in (0, --size 16)'),
+                        (['--small_size', '8'], '--small_size needs --num_small_crops'),
+                        (['--num_small_crops', '2', '--model', 'timm:vit_tiny_patch16_224'], 'dynamic_img_size')]:
         assert_one_line_error(run_in_process('main_supcon.py', *args), *words)
 
 
@@ -401,3 +406,19 @@ def test_image_cache_serves_an_image_folder_to_device_augmentation(tmp_path):
     assert not np.load(os.path.join(root, '.cache', 'path_train_16.npy'))[0].any()       # the new black image
     assert_one_line_error(run_in_process('main_supcon.py', '--image_cache', 16), 'held in memory already')
     assert_one_line_error(run_in_process('main_supcon.py', *args[:8], '--augment', 'device'), '--image_cache')
+
+
+@pytest.mark.slow
+def test_multicrop_through_the_real_script(tmp_path):
+    """--num_small_crops: the PIL pipeline gives each sample --n_views large and K small views (SwAV's crops) and
+    main_supcon.py trains on them (the run name says so)."""
+    from PIL import Image
+
+    from data import contrastive_views
+    from options import parse_option
+    opt = parse_option('supcon', ['--num_small_crops', '3'])
+    views = contrastive_views(opt)(Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)))
+    assert [v.shape[-1] for v in views] == [16, 16, 7, 7, 7] and opt.small_size == 7
+    run_script('main_supcon.py', '--dataset', 'digits_lt', '--imb_factor', 0.1, '--num_small_crops', 2,
+               '--epochs', 1, '--batch_size', 64, '--num_workers', 0, '--device', 'cpu', '--save_folder', tmp_path)
+    assert '_multicrop_2x7' in only_run_folder(tmp_path)

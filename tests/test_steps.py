@@ -177,3 +177,21 @@ def test_three_views_train_every_method_and_chunks_equal_the_plain_step(case):
     assert torch.isfinite(loss) and grads
     torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-6)
     assert_grads_equal(grads_c, grads, case)
+
+
+@pytest.mark.parametrize('case', sorted(c for c in CASES if not c.startswith('CE') and 'queue' not in c))
+def test_multicrop_views_of_two_sizes_train_every_method(case):
+    """Issue 42, --num_small_crops: a batch of two 16-px and two 8-px views (large first) takes one step for every
+    method (finite loss, gradients); the model encodes each size on its own in one forward, in view-major order:
+    with BatchNorm in eval mode its rows equal encoding each view alone."""
+    views, labels, ids = step_batch(0)
+    small = [torch.nn.functional.interpolate(v, size=8, mode='bilinear', align_corners=False) for v in views]
+    training = build(case, 0)
+    loss, _, grads = take_steps(training, views + small, labels, ids, seed=1)
+    assert torch.isfinite(loss) and any(name.startswith('encoder.') for name in grads)
+    batch = steps.device_batch(training.runtime, views + small)
+    assert isinstance(batch, list) and [b.shape[-1] for b in batch] == [16, 8]
+    with torch.no_grad():
+        h, _ = training.model(batch, parts=True)
+        alone = torch.cat([training.model.encoder(v) for v in views + small])
+    torch.testing.assert_close(h, alone, rtol=1e-5, atol=1e-6)
