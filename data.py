@@ -194,20 +194,26 @@ def _cifar(cls):
     """Loader of CIFAR-10 or CIFAR-100 files under ``--data_folder`` (downloaded when missing and online)."""
     def load(data_folder, size, train, transform):
         where = os.path.join(data_folder, cls.base_folder)
-        if not is_main():
-            barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
         present = all(os.path.isfile(os.path.join(where, name)) for name in _cifar_files(cls))
-        try:
-            dataset = cls(data_folder, train=train, transform=transform, download=not present)
-            if is_main():
-                barrier()
-            return dataset
-        except Exception as e:  # offline, unreadable or corrupt files
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f'{cls.__name__.lower()} not found or unreadable in {where} ({reason}); put the '
-                            f'python-version files ({", ".join(_cifar_files(cls))}) there '
-                            f'or point --data_folder at their parent') from None
+        return read_files(lambda: cls(data_folder, train=train, transform=transform, download=not present),
+                          cls.__name__.lower(), where, f'the python-version files ({", ".join(_cifar_files(cls))})')
     return load
+
+
+def read_files(make, name, where, files):
+    """``make()`` (a torchvision dataset that downloads what is missing when online) under torchrun: rank 0 first,
+    the others after it; offline, unreadable or corrupt files are one line naming ``files`` and ``--data_folder``."""
+    if not is_main():
+        barrier()   # under torchrun, rank 0 downloads (if needed) while the others wait
+    try:
+        dataset = make()
+        if is_main():
+            barrier()
+        return dataset
+    except Exception as e:  # offline, unreadable or corrupt files
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f'{name} not found or unreadable in {where} ({reason}); put {files} there '
+                        f'or point --data_folder at their parent') from None
 
 
 def load_image(path):
@@ -280,18 +286,9 @@ def _stl10(data_folder, size, train, transform, unlabeled=False):
     where = os.path.join(data_folder, STL10.base_folder)
     needed = [f for f in STL10_FILES if unlabeled or f != 'unlabeled_X.bin']
     present = all(os.path.isfile(os.path.join(where, name)) for name in needed)
-    if not is_main():
-        barrier()
-    try:
-        dataset = STL10(data_folder, ('train+unlabeled' if unlabeled else 'train') if train else 'test', transform,
-                        download=not present)
-        if is_main():
-            barrier()
-        return dataset
-    except Exception as e:  # offline, unreadable or corrupt files
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f'stl10 not found or unreadable in {where} ({reason}); put the binary files '
-                        f'({", ".join(needed)}) there or point --data_folder at their parent') from None
+    split = ('train+unlabeled' if unlabeled else 'train') if train else 'test'
+    return read_files(lambda: STL10(data_folder, split, transform, download=not present), 'stl10', where,
+                      f'the binary files ({", ".join(needed)})')
 
 
 # The 100 ImageNet classes of Tian et al.'s CMC ("Contrastive Multiview Coding", ECCV 2020; its imagenet100.txt),
@@ -830,8 +827,8 @@ def _check_augment(augment, dataset, randaugment, n_views, image_cache):
     if augment == 'device':
         in_memory = ', '.join(name for name, row in DATASETS.items() if row.in_memory)
         check(dataset_info(dataset).in_memory or image_cache,
-              f'--augment device needs a dataset held in memory ({in_memory}), or --image_cache SIZE for one read from '
-              f'image files (--dataset {dataset}): use --image_cache or --augment cpu')
+              f'--augment device needs a dataset held in memory ({in_memory}); --dataset {dataset} is read from '
+              f'image files: use --augment cpu, or --image_cache SIZE to decode them once into a uint8 file')
         check(not randaugment, '--randaugment runs in the PIL pipeline only (its 14 operations are not batched on the '
                                'device here): use --augment cpu')
     check(n_views >= 2, f'--n_views must be >= 2 (a contrastive loss needs two views of a sample), got {n_views}')

@@ -20,7 +20,7 @@ from helpers import (
 
 def _opt(tmp_path, dataset, **kw):
     return argparse.Namespace(dataset=dataset, data_folder=str(tmp_path), size=32, imb_factor=0.1, label_noise=0.0,
-                              label_fraction=1.0,
+                              label_fraction=1.0, image_cache=0,
                               label_granularity='fine', **kw)
 
 
@@ -53,12 +53,12 @@ def test_digits_coarse_grouping():
     from data import DIGITS_COARSE, Digits, build_dataset
     assert np.bincount(DIGITS_COARSE).tolist() == [2] * 5
     opt = argparse.Namespace(dataset='digits', data_folder=None, size=16, label_granularity='coarse', label_noise=0.0,
-                             label_fraction=1.0)
+                             label_fraction=1.0, image_cache=0)
     coarse = build_dataset(opt, True, None)
     assert coarse.targets == [DIGITS_COARSE[y] for y in Digits(True).targets]
     with pytest.raises(Exception, match='coarse labels'):
         build_dataset(argparse.Namespace(dataset='cifar10', size=32, data_folder='/none', label_noise=0.0,
-                                         label_fraction=1.0), True,
+                                         label_fraction=1.0, image_cache=0), True,
                       None, 'coarse')
 
 
@@ -121,7 +121,7 @@ def test_digits_lt_follows_the_profile_with_a_balanced_test_split():
 
     from data import build_dataset, class_counts, long_tail_counts
     opt = argparse.Namespace(dataset='digits_lt', data_folder=None, size=16, imb_factor=0.1, label_noise=0.0,
-                             label_fraction=1.0,
+                             label_fraction=1.0, image_cache=0,
                              label_granularity='fine')
     full = class_counts(build_dataset(argparse.Namespace(**{**vars(opt), 'dataset': 'digits'}), True, None))
     lt = class_counts(build_dataset(opt, True, None))
@@ -266,7 +266,7 @@ def test_labelled_fraction_is_stratified_fixed_and_keeps_every_class():
     assert np.array_equal(chosen, labelled_fraction(targets, 0.1)) and np.array_equal(chosen, np.sort(chosen))
     assert not np.array_equal(chosen, labelled_fraction(targets, 0.1, seed=1))
     opt = argparse.Namespace(dataset='digits_lt', data_folder=None, size=8, imb_factor=0.1, label_noise=0.0,
-                             label_granularity='fine', label_fraction=1.0)
+                             label_granularity='fine', label_fraction=1.0, image_cache=0)
     whole = build_dataset(opt, True, None)
     opt.label_fraction = 0.1
     part = build_dataset(opt, True, None)
@@ -326,7 +326,7 @@ def test_stl10_trains_simclr_on_the_unlabelled_split_and_evaluates_on_the_labell
     from data import build_dataset
     root = make_fake_stl10(tmp_path / 'data')
     opt = argparse.Namespace(dataset='stl10', data_folder=root, size=96, label_noise=0.0, label_fraction=1.0,
-                             label_granularity='fine', imb_factor=0.01)
+                             image_cache=0, label_granularity='fine', imb_factor=0.01)
     train = build_dataset(opt, True, None)
     assert len(train) == 20 and train.data.shape == (20, 96, 96, 3) and train.targets[:3] == [0, 1, 2]
     common = ['--data_folder', root, '--size', 16, '--model', 'resnet_tiny', '--batch_size', 16, '--num_workers', 0,

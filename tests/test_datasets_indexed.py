@@ -11,7 +11,7 @@ from helpers import make_fake_cifar, make_image_folder
 
 def opt_for(dataset, folder=None, size=16):
     return SimpleNamespace(dataset=dataset, data_folder=str(folder) if folder else './datasets/', size=size,
-                           label_noise=0.0, label_fraction=1.0,
+                           label_noise=0.0, label_fraction=1.0, image_cache=0,
                            mean=(0.5, 0.5, 0.5) if dataset == 'path' else None,
                            std=(0.25, 0.25, 0.25) if dataset == 'path' else None,
                            batch_size=4, num_workers=0, device=torch.device('cpu'), label_granularity='fine',

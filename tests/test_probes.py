@@ -59,7 +59,8 @@ def test_linear_probe_separates_what_is_separable():
 
 def noise_opt(noise, seed=0, kind='symmetric'):
     return argparse.Namespace(dataset='digits', size=8, label_granularity='fine', imb_factor=0.01,
-                              label_noise=noise, label_noise_kind=kind, seed=seed, data_folder=None, label_fraction=1.0)
+                              label_noise=noise, label_noise_kind=kind, seed=seed, data_folder=None, label_fraction=1.0,
+                              image_cache=0)
 
 
 def test_label_noise_flips_the_stated_fraction_of_training_labels_only():
