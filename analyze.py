@@ -145,7 +145,7 @@ def main(argv=None):
         raise UserError(f'--dataset {opt.dataset}: the checkpoint has no --mean/--std to reuse')
     opt.model, opt.num_workers, opt.amp, opt.channels_last, opt.augment = None, 0, 'none', False, 'cpu'
     opt.label_noise, opt.label_fraction = 0.0, 1.0      # the analysis reads clean labels, all of them
-    opt.image_cache = config.get("image_cache", 0) if config.get("dataset") == opt.dataset else 0
+    opt.image_cache = config.get('image_cache', 0) if config.get('dataset') == opt.dataset else 0
     opt.device = resolve_device(opt.device)
     if opt.max_points < 10:
         raise UserError(f'--max_points must be >= 10, got {opt.max_points}')

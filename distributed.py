@@ -132,14 +132,6 @@ def gather_labels(x, device):
     return x if world_size() == 1 else gather(x.to(device, non_blocking=True))
 
 
-@torch.no_grad()
-def broadcast(x, src=0):
-    """``x`` of rank ``src`` on every rank (in place); ``x`` itself in one process."""
-    if world_size() > 1:
-        dist.broadcast(x, src)
-    return x
-
-
 def all_reduce_sum(x):
     """Sum of ``x`` over ranks (a new tensor; ``x`` itself in one process)."""
     if world_size() == 1:

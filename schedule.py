@@ -98,11 +98,11 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def parameter_groups(params, weight_decay, exclude_bias_norm):
+def parameter_groups(params, exclude_bias_norm):
     """``[{'params': ...}, ...]``: one group, or with ``exclude_bias_norm`` two: the weights (tensors of 2 or more
     dimensions: convolutions, linear layers, attention projections) and the biases and normalization weights (1-D:
     BatchNorm's and LayerNorm's scales and shifts, every bias), which get no weight decay and no LARS scaling (as
-    solo-learn's and lightly's ``exclude_bias_n_norm``)."""
+    solo-learn's and lightly's ``exclude_bias_n_norm``; the group's ``lars`` is false, a key SGD and AdamW ignore)."""
     params = [p for p in params if p.requires_grad]
     if not exclude_bias_norm:
         return [{'params': params}]
@@ -119,17 +119,13 @@ def set_optimizer(params, learning_rate, momentum, weight_decay, optimizer='sgd'
     too (:func:`parameter_groups`). ``scaled``: ``[(params, lr_scale), ...]``, more parameters whose learning rate
     is ``lr_scale`` times the schedule's (:func:`set_lr`)."""
     exclude = exclude_bias_norm or optimizer == 'lars'
-    groups = parameter_groups(params, weight_decay, exclude)
+    groups = parameter_groups(params, exclude)
     for more, scale in scaled:
         groups += [{**group, 'lr_scale': scale, 'lr': learning_rate * scale}
-                   for group in parameter_groups(more, weight_decay, exclude)]
+                   for group in parameter_groups(more, exclude)]
     if optimizer == 'sgd':
-        for group in groups:
-            group.pop('lars', None)
         return torch.optim.SGD(groups, lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
     if optimizer == 'adamw':
-        for group in groups:
-            group.pop('lars', None)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=adamw_betas, weight_decay=weight_decay)
     if optimizer == 'lars':
         return LARS(groups, lr=learning_rate, momentum=momentum, weight_decay=weight_decay, eta=lars_eta)
