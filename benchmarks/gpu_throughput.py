@@ -23,6 +23,7 @@ CARROT).
 """
 import argparse
 import itertools
+import json
 import os
 import sys
 import time
@@ -83,18 +84,37 @@ def options(model, bsz, device, extra=()):
                  run_folder=False)
 
 
-def timed(opt, loader, model, step, steps, warmup):
-    """Images/s (both views) of ``steps`` training steps through ``engine.train_loop`` after ``warmup`` steps."""
+def timed(opt, loader, model, step, steps, warmup, profile=False):
+    """Images/s (both views) of ``steps`` training steps through ``engine.train_loop`` after ``warmup`` steps.
+    ``profile``: instead, ``(images/s, table)`` with ``torch.profiler``'s table of the top 15 operators by device
+    time (CPU time on a CPU) over the timed steps (:func:`profile_table`)."""
     optimizer = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     scaler = call_hook(Runtime, opt).grad_scaler()
     schedule = call_hook(Schedule, opt)
     sync = torch.cuda.synchronize if opt.device.type == 'cuda' else (lambda: None)
     train_loop(Limited(loader, warmup), optimizer, scaler, 1, step, 'warm-up', schedule, opt.print_freq)
     sync()
+    run = lambda: train_loop(Limited(loader, steps), optimizer, scaler, 1, step, 'timed', schedule, opt.print_freq)
     start = time.perf_counter()
-    train_loop(Limited(loader, steps), optimizer, scaler, 1, step, 'timed', schedule, opt.print_freq)
-    sync()
-    return 2 * opt.batch_size * steps / (time.perf_counter() - start)
+    if not profile:
+        run()
+        sync()
+        return 2 * opt.batch_size * steps / (time.perf_counter() - start)
+    table = profile_table(run, opt.device)
+    return 2 * opt.batch_size * steps / (time.perf_counter() - start), table
+
+
+def profile_table(fn, device, rows=15):
+    """``fn()`` under ``torch.profiler``: the table of its top ``rows`` operators by self device time (self CPU
+    time on a CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    with profile(activities=activities) as prof:
+        fn()
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+    key = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
 
 
 def baseline(model_name, bsz, device, dataset, steps, warmup, workers):
@@ -119,8 +139,8 @@ def baseline(model_name, bsz, device, dataset, steps, warmup, workers):
     return timed(opt, loader, model, step, steps, warmup)
 
 
-def ours(model_name, bsz, device, dataset, steps, warmup, method_flags, compile_model):
-    """``steps.Pretraining`` with device augmentation, bf16 and channels-last."""
+def ours(model_name, bsz, device, dataset, steps, warmup, method_flags, compile_model, profile=False):
+    """``steps.Pretraining`` with device augmentation, bf16 and channels-last (``profile``: :func:`timed`'s)."""
     amp = ['--amp', 'bf16'] if device != 'cpu' or torch.cpu._is_avx512_bf16_supported() else []
     opt = options(model_name, bsz, device, ['--augment', 'device', '--channels_last', '--num_workers', '0',
                                             '--temp', '0.1', *amp, *method_flags])
@@ -135,7 +155,7 @@ def ours(model_name, bsz, device, dataset, steps, warmup, method_flags, compile_
         loss, stats = pre.step(*batch, backward=backward)
         return loss, bsz, stats
     pre.model.train()
-    return timed(opt, loader, pre.model, step, steps, warmup)
+    return timed(opt, loader, pre.model, step, steps, warmup, profile)
 
 
 def kornia_ours(model_name, bsz, device, dataset, steps, warmup):
@@ -188,7 +208,23 @@ def bound(model_name, bsz, device, steps, warmup):
     return timed(opt, [None], model, step, steps, warmup)
 
 
-def main():
+# issue "One GPU, done right": (rate, over, target) for each row that has one
+TARGETS = [('ours SupCon', 'baseline', {'resnet18': 3.0, 'resnet50': 2.0}),
+           ('ours SupCon', 'bound', 0.8), ('ours RASCAL', 'bound', 0.7), ('ours SupCon+CARROT', 'bound', 0.7)]
+METHOD_FLAGS = {'SupCon': [], 'RASCAL': ['--method', 'RASCAL'], 'SupCon+CARROT': ['--carrot']}
+
+
+def missed_targets(model_name, rates):
+    """``[(row, over, ratio, target)]`` for every target ``rates`` misses."""
+    out = []
+    for row, over, target in TARGETS:
+        target = target.get(model_name) if isinstance(target, dict) else target
+        if target is not None and row in rates and over in rates and rates[row] / rates[over] < target:
+            out.append((row, over, rates[row] / rates[over], target))
+    return out
+
+
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--models', default='resnet18,resnet50')
     p.add_argument('--batches', default='1024,512')
@@ -199,20 +235,23 @@ def main():
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--compile', action='store_true', help='also ours with torch.compile of the model')
     p.add_argument('--smoke', action='store_true', help='resnet_tiny, batch 16, 256 images, 2 steps: that it runs')
-    args = p.parse_args()
+    p.add_argument('--profile', choices=['missed', 'always', 'never'], default='missed',
+                   help='a torch.profiler table of ours for each method whose target is missed (always: every one)')
+    p.add_argument('--json', help='also write every rate, ratio, missed target and profile table to this file')
+    args = p.parse_args(argv)
     if args.smoke:
         args.models, args.batches, args.images, args.steps, args.warmup, args.workers = \
             'resnet_tiny', '16', 256, 2, 1, 0
     dev = args.device
     name = torch.cuda.get_device_name() if dev.startswith('cuda') else 'cpu'
     print(f'device {name}, torch {torch.__version__}, {args.images} images 32x32, {args.steps} timed steps')
-    headline = None
+    headline, report = None, {'device': name, 'torch': torch.__version__, 'steps': args.steps, 'configs': []}
     for model_name in args.models.split(','):
         for bsz in (int(b) for b in args.batches.split(',')):
             data = SyntheticCIFAR(args.images)
             rates = {'baseline': baseline(model_name, bsz, dev, data, args.steps, args.warmup, args.workers),
                      'bound': bound(model_name, bsz, dev, args.steps, args.warmup)}
-            for method, flags in (('SupCon', []), ('RASCAL', ['--method', 'RASCAL']), ('SupCon+CARROT', ['--carrot'])):
+            for method, flags in METHOD_FLAGS.items():
                 rates[f'ours {method}'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags, False)
             if args.compile:
                 rates['ours SupCon compiled'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, [], True)
@@ -229,8 +268,24 @@ def main():
                 extra = '' if key in ('baseline', 'bound') else \
                     f'   ours/baseline {rate / rates["baseline"]:5.2f}   ours/bound {rate / rates["bound"]:5.2f}'
                 print(f'  {key:22s} {rate:10.1f} images/s{extra}')
+            missed = missed_targets(model_name, rates)
+            for row, over, ratio, target in missed:
+                print(f'  target missed: {row} / {over} = {ratio:.2f} < {target}')
+            profiles = {}
+            for method, flags in METHOD_FLAGS.items():
+                if args.profile == 'always' or (args.profile == 'missed' and
+                                                any(row == f'ours {method}' for row, *_ in missed)):
+                    _, profiles[method] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags, False,
+                                               profile=True)
+                    print(f'  profile of ours {method} (top operators by self time):\n{profiles[method]}')
+            report['configs'].append({'model': model_name, 'batch': bsz, 'rates': rates, 'profiles': profiles,
+                                      'missed': [dict(zip(('row', 'over', 'ratio', 'target'), m)) for m in missed]})
             if headline is None or (model_name == 'resnet18' and bsz == 1024):
                 headline = rates['ours SupCon'] / rates['baseline']
+    report['ratio'] = headline
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(report, f, indent=2)
     print(f'ratio {headline:.2f}')
 
 

@@ -1,12 +1,13 @@
 """Peak memory of one SupCon step with a full memory queue and a key encoder at MoCo's sizes (B = 4096, K = 65536,
-two views, D = 128; a small model on 8-pixel images, on a CPU), ours against the dense baseline (the pre-issue-41
-forms: a ``[B, K]`` float label-match matrix for the queue's positives and a ``[B, K]`` bool for its statistic, the
-``[M, M + K]`` concatenation of the logits), each in its own process.
+two views, D = 128; a small model on 8-pixel images; on a CPU, or a GPU with ``--device cuda``), ours against the
+dense baseline (the pre-issue-41 forms: a ``[B, K]`` float label-match matrix for the queue's positives and a
+``[B, K]`` bool for its statistic, the ``[M, M + K]`` concatenation of the logits), each in its own process.
 
-    python benchmarks/queue_memory.py [--batch 4096] [--queue 65536] [--model resnet_tiny] [--size 8]
+    python benchmarks/queue_memory.py [--batch 4096] [--queue 65536] [--model resnet_tiny] [--size 8] [--device cuda]
 
-The figure is the step's peak resident memory above the process's memory just before the step (``ru_maxrss``
-after the step minus the resident set before it, MB), so the model, the queue and the images are not counted.
+The figure is the step's peak memory above the memory just before the step, so the model, the queue and the images
+are not counted: on a CPU the resident memory (``ru_maxrss`` after the step minus the resident set before it, MB),
+on CUDA the allocator's (``torch.cuda.max_memory_allocated`` over the step minus ``memory_allocated`` before it).
 Last line: ``ratio X`` (ours / dense).
 """
 import argparse
@@ -70,16 +71,25 @@ def worker(args):
     from steps import Pretraining
     opt = setup(parse_option('supcon', ['--batch_size', str(args.batch), '--queue_size', str(args.queue),
                                         '--moco_m', '0.99', '--model', args.model, '--size', str(args.size),
-                                        '--device', 'cpu']), run_folder=False)
+                                        '--device', args.device]), run_folder=False)
     pre = Pretraining(opt, args.batch * 4)
     g = torch.Generator().manual_seed(0)
-    pre.queue.enqueue(torch.randn(args.queue, 128, generator=g), torch.randint(0, 10, (args.queue,), generator=g),
-                      torch.randint(0, args.batch * 4, (args.queue,), generator=g))
-    views = [torch.randn(args.batch, 3, args.size, args.size, generator=g) for _ in range(2)]
+    pre.queue.enqueue(torch.randn(args.queue, 128, generator=g).to(opt.device),
+                      torch.randint(0, 10, (args.queue,), generator=g), torch.randint(0, args.batch * 4, (args.queue,),
+                                                                                       generator=g))
+    views = [torch.randn(args.batch, 3, args.size, args.size, generator=g).to(opt.device) for _ in range(2)]
     labels, ids = torch.randint(0, 10, (args.batch,), generator=g), torch.arange(args.batch)
-    before = resident_mb()
-    loss, _ = pre.step(views, labels, ids)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if opt.device.type == 'cuda':
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2 ** 20
+        loss, _ = pre.step(views, labels, ids)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2 ** 20
+    else:
+        before = resident_mb()
+        loss, _ = pre.step(views, labels, ids)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({'extra_mb': peak - before, 'loss': float(loss)}))
 
 
@@ -89,17 +99,18 @@ def main(argv=None):
     parser.add_argument('--queue', type=int, default=65536)
     parser.add_argument('--model', default='resnet_tiny')
     parser.add_argument('--size', type=int, default=8)
+    parser.add_argument('--device', default='cpu', help='cpu (resident memory) or cuda (the allocator\'s peak)')
     parser.add_argument('--worker', choices=['ours', 'dense'])
     args = parser.parse_args(argv)
     if args.worker:
         args.mode = args.worker
         return worker(args)
     print(f'one SupCon step, B = {args.batch} (two views), a full queue of K = {args.queue}, key encoder, '
-          f'{args.model} at {args.size} px, CPU')
+          f'{args.model} at {args.size} px, {args.device}')
     out = {}
     for mode in ('dense', 'ours'):
         cmd = [sys.executable, os.path.abspath(__file__), '--worker', mode, '--batch', str(args.batch), '--queue',
-               str(args.queue), '--model', args.model, '--size', str(args.size)]
+               str(args.queue), '--model', args.model, '--size', str(args.size), '--device', args.device]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode:
             sys.exit(f'{mode} failed: {proc.stderr[-2000:]}')

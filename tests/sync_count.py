@@ -28,6 +28,8 @@ real copy to a GPU is.
 Under ``torch.cuda.set_sync_debug_mode('error')`` a CUDA run raises at each real synchronization
 (``tests/test_cuda.py``).
 """
+import contextlib
+import functools
 import weakref
 from collections import Counter
 
@@ -194,3 +196,19 @@ class SyncCounter(TorchDispatchMode):
     @property
     def total(self):
         return sum(self.counts.values())
+
+
+@contextlib.contextmanager
+def accelerator_forms():
+    """The forms the code takes on an accelerator where a CPU form differs, for the block: CARROT's quantile
+    selection (``sync_free=True``) and the batched augmentation in one pass with every operation on every row."""
+    import augment
+    import losses_carrot
+    real_quantiles, real_apply = losses_carrot.pair_quantiles, augment.BatchAugment.apply
+    losses_carrot.pair_quantiles = functools.partial(real_quantiles, sync_free=True)
+    augment.BatchAugment.apply = lambda self, images, params: (
+        real_apply(self, images, params) if self.kind == 'eval' else self._apply(images, params, sync_free=True))
+    try:
+        yield
+    finally:
+        losses_carrot.pair_quantiles, augment.BatchAugment.apply = real_quantiles, real_apply

@@ -2,12 +2,11 @@
 counted on a CPU (tests/sync_count.py), for every method and mode, in steady state (after the steps that fill
 RASCAL's cache and the queue's host copy). The host reads a step's statistics once, in ``engine.train_loop``,
 outside the step."""
-import functools
-
 import pytest
 import torch
 
-import losses_carrot
+import sync_count
+from benchmarks import loop_syncs
 from helpers import build_training, step_batch
 from sync_count import SyncCounter
 
@@ -34,15 +33,10 @@ MODES = {
 
 
 @pytest.fixture
-def accelerator_forms(monkeypatch):
-    """The forms the code takes on an accelerator where a CPU form differs (CARROT's quantile selection, the batched
-    augmentation in one pass with every operation on every row)."""
-    import augment
-    monkeypatch.setattr(losses_carrot, 'pair_quantiles',
-                        functools.partial(losses_carrot.pair_quantiles, sync_free=True))
-    real_apply = augment.BatchAugment.apply
-    monkeypatch.setattr(augment.BatchAugment, 'apply', lambda self, images, params: (
-        real_apply(self, images, params) if self.kind == 'eval' else self._apply(images, params, sync_free=True)))
+def accelerator_forms():
+    """The forms the code takes on an accelerator where a CPU form differs (``sync_count.accelerator_forms``)."""
+    with sync_count.accelerator_forms():
+        yield
 
 
 def steady_state_syncs(training, steps=3, inject=None):
@@ -143,63 +137,22 @@ def test_evaluation_never_waits_for_the_device_per_batch():
 
 
 # ---------------------------------------------------------------- whole iterations of the training loop
-LOOP_MODES = {
-    'SupCon': ('main_supcon', []),
-    'RASCAL + queue + CARROT': ('main_supcon', ['--method', 'RASCAL', '--queue_size', '256', '--carrot']),
-    'BCL': ('main_supcon', ['--method', 'BCL']),
-    'PaCo': ('main_supcon', ['--method', 'PaCo']),
-    'TSC': ('main_supcon', ['--method', 'TSC']),
-    'SupCon chunked + CARROT fixed weight': ('main_supcon',
-                                             ['--chunk_size', '8', '--carrot', '--carrot_weight', '0.5']),
-    'CE + SupCon': ('main_ce', ['--supcon_weight', '1']),
-}
 LOOP_ITERATIONS = 6
 
 
-class CountedBar:
-    """``engine.train_loop``'s progress bar, limited to ``LOOP_ITERATIONS`` batches, recording the counter's counts
-    each time a batch is handed out (the batch's labels and ids are the loader's host data)."""
-
-    def __init__(self, bar, counter, record):
-        self.bar, self.counter, self.record = bar, counter, record
-
-    def __iter__(self):
-        for i, batch in enumerate(self.bar):
-            if i == LOOP_ITERATIONS:
-                break
-            self.counter.host(*batch[1:])
-            self.record.append(dict(self.counter.counts))
-            yield batch
-        self.record.append(dict(self.counter.counts))
-
-    def __getattr__(self, name):
-        return getattr(self.bar, name)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize('mode', list(LOOP_MODES))
-def test_training_loop_iterations_wait_for_the_device_once(mode, accelerator_forms, monkeypatch, tmp_path):
+@pytest.mark.parametrize('mode', list(loop_syncs.MODES))
+def test_training_loop_iterations_wait_for_the_device_once(mode, accelerator_forms, tmp_path):
     """Issue 41: whole iterations of ``engine.train_loop`` in the real scripts (``--augment device``: the loader
     and the batched augmentation; the step; the statistics and the progress line), counted on a CPU, including
     blocking host-to-device copies: after the first two iterations each one waits for the device exactly once,
-    in the loop's one read of the previous step's values (``Tensor.tolist``)."""
-    import importlib
-
-    import engine
-    script, argv = LOOP_MODES[mode]
-    records = []
-    real_progress = engine.progress
-    with SyncCounter() as counter:
-        monkeypatch.setattr(engine, 'progress', lambda it, desc: (CountedBar(real_progress(it, desc), counter, records)
-                                                                  if 'epoch' in desc else real_progress(it, desc)))
-        importlib.import_module(script).main(
-            ['--dataset', 'digits', '--size', '8', '--augment', 'device', '--batch_size', '32', '--epochs', '1',
-             '--num_workers', '0', '--device', 'cpu', '--print_freq', '1000', '--save_folder', str(tmp_path), *argv])
-    assert len(records) == LOOP_ITERATIONS + 1
-    steady = []
-    for before, after in zip(records[2:], records[3:]):
-        steady.append({k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)})
-    assert steady == [{'Tensor.tolist': 1}] * (LOOP_ITERATIONS - 2), steady
+    in the loop's one read of the previous step's values (``Tensor.tolist``). The harness is the GPU check's
+    (``benchmarks/loop_syncs.py``), which counts the same loops under CUDA's sync debug mode."""
+    script, argv = loop_syncs.MODES[mode]
+    per = loop_syncs.iteration_counts(script, [*loop_syncs.base_flags('cpu'), '--save_folder', str(tmp_path), *argv],
+                                      SyncCounter(), LOOP_ITERATIONS)
+    assert len(per) == LOOP_ITERATIONS
+    assert loop_syncs.steady(per) == [{'Tensor.tolist': 1}] * (LOOP_ITERATIONS - 2), per
 
 
 def test_power_blocking_copies_and_host_constants_are_counted():
