@@ -170,7 +170,39 @@ def _cifar_files(cls):
 
 
 class _FilesPresentMixin:
-    """torchvision's CIFAR checks archive MD5s; we accept any files that are present and readable."""
+    """torchvision's CIFAR checks archive MD5s; we accept any files that are present and readable, and check what
+    they hold instead: as many labels as images, labels in range (:meth:`_check_contents`)."""
+
+    def __init__(self, *args, **kwargs):
+        try:
+            super().__init__(*args, **kwargs)
+        except ValueError:            # batches of different widths: torchvision's stacking fails
+            self._check_files(None)
+            raise
+        targets = np.asarray(self.targets)
+        if len(targets) != len(self.data) or (len(targets) and (targets.min() < 0 or
+                                                                targets.max() >= len(self.classes))):
+            self._check_files(len(self.classes))
+            raise UserError(f'the files in {os.path.join(self.root, self.base_folder)} disagree: {len(self.data)} '
+                            f'images but {len(targets)} labels')
+
+    def _check_files(self, n_classes):
+        """Every batch file of this split holds as many labels as 3,072-byte images, each label one of the
+        ``n_classes`` of the meta file: else a :class:`UserError` naming the file (read again only then)."""
+        folder = os.path.join(self.root, self.base_folder)
+        for name, _ in (self.train_list if self.train else self.test_list):
+            path = os.path.join(folder, name)
+            with open(path, 'rb') as f:
+                entry = pickle.load(f, encoding='latin1')
+            data = np.asarray(entry['data'])
+            labels = np.asarray(entry['labels'] if 'labels' in entry else entry.get('fine_labels', []))
+            if len(labels) != len(data) or data.size != len(data) * 3072:
+                raise UserError(f'{path} holds {len(labels)} labels for {data.size / 3072:g} images of 32 x 32 x 3 '
+                                f'bytes: the file is damaged; replace it')
+            bad = labels[(labels < 0) | (labels >= n_classes)] if n_classes else []
+            if len(bad):
+                raise UserError(f'{path} holds label {int(bad[0])}, outside 0..{n_classes - 1} (the {n_classes} '
+                                f'classes of {self.meta["filename"]}): the file is damaged; replace it')
 
     def _check_integrity(self):
         folder = os.path.join(self.root, self.base_folder)
@@ -210,6 +242,8 @@ def read_files(make, name, where, files):
         if is_main():
             barrier()
         return dataset
+    except UserError:         # the reader's own one line (a file that disagrees with itself): as it is
+        raise
     except Exception as e:  # offline, unreadable or corrupt files
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f'{name} not found or unreadable in {where} ({reason}); put {files} there '
@@ -223,8 +257,13 @@ def load_image(path):
         with open(path, 'rb') as f:
             return to_rgb(Image.open(f), path)
     except (OSError, ValueError) as e:     # PIL's UnidentifiedImageError is an OSError
-        raise UserError(f'cannot read image {path} ({type(e).__name__}); remove or replace that file '
-                        f'(every file under the train/ and val/ class folders must be a readable image)') from None
+        raise unreadable_image(path, e) from None
+
+
+def unreadable_image(path, error):
+    """The one-line error of an image file that cannot be read (a broken link, a damaged file)."""
+    return UserError(f'cannot read image {path} ({type(error).__name__}); remove or replace that file '
+                     f'(every file under the train/ and val/ class folders must be a readable image)')
 
 
 SIXTEEN_BIT_MODES = ('I;16', 'I;16B', 'I;16L', 'I;16N')
@@ -265,9 +304,40 @@ class STL10(datasets.STL10):
     uint8 ``[N, H, W, C]`` array (what ``--augment device`` puts on the device). Unlabelled images have label -1."""
 
     def __init__(self, root, split, transform=None, download=False):
+        if not download:
+            self._check_files(os.path.join(root, self.base_folder), split)
         super().__init__(root, split=split, transform=transform, download=download)
         self.data = np.ascontiguousarray(self.data.transpose(0, 2, 3, 1))           # NCHW -> NHWC, once
-        self.targets = self.labels.astype(np.int64).tolist()
+        labels = self.labels.astype(np.int64)
+        labelled = len(labels) if split != 'train+unlabeled' else os.path.getsize(
+            os.path.join(root, self.base_folder, 'train_y.bin'))
+        bad = labels[:labelled][(labels[:labelled] < 0) | (labels[:labelled] > 9)]
+        if len(bad):             # torchvision subtracts 1 in uint8: a label 0 became 255
+            name = 'test_y.bin' if split == 'test' else 'train_y.bin'
+            raise UserError(f'{os.path.join(root, self.base_folder, name)} holds label {(int(bad[0]) + 1) % 256}, '
+                            f'outside 1..10 (STL-10\'s classes): the file is damaged; replace it')
+        self.targets = labels.tolist()
+
+    @staticmethod
+    def _check_files(folder, split):
+        """Each images file is whole 3 x 96 x 96 images and its labels file has one byte per image: else a
+        :class:`UserError` naming the file (before torchvision reads them)."""
+        image_bytes = 3 * 96 * 96
+        pairs = [('test_X.bin', 'test_y.bin')] if split == 'test' else [('train_X.bin', 'train_y.bin')]
+        if split == 'train+unlabeled':
+            pairs.append(('unlabeled_X.bin', None))
+        for images, labels in pairs:
+            path = os.path.join(folder, images)
+            if not os.path.isfile(path):
+                continue                 # read_files says which files are missing
+            size = os.path.getsize(path)
+            if size % image_bytes or not size:
+                raise UserError(f'{path} is {size} bytes, not a whole number of 96 x 96 colour images '
+                                f'({image_bytes} bytes each): the file is cut short or damaged; replace it')
+            label_path = os.path.join(folder, labels) if labels else None
+            if label_path and os.path.isfile(label_path) and os.path.getsize(label_path) != size // image_bytes:
+                raise UserError(f'{label_path} holds {os.path.getsize(label_path)} labels but {path} holds '
+                                f'{size // image_bytes} images: one of them is cut short or damaged; replace it')
 
     def _check_integrity(self):
         folder = os.path.join(self.root, self.base_folder)
@@ -330,7 +400,10 @@ def _class_folders(data_folder, split, transform, classes, name):
     if not os.path.isdir(folder):
         raise UserError(f'--dataset {name} expects {folder} (train/ and val/ with one folder per class); not found: '
                         f'point --data_folder at their parent')
-    return ClassFolders(folder, transform, classes)
+    try:
+        return ClassFolders(folder, transform, classes)
+    except (FileNotFoundError, OSError) as e:      # a class folder without images, an unreadable folder
+        raise UserError(f'cannot read --dataset {name} in {folder}: {str(e).splitlines()[0]}') from None
 
 
 def _imagenet100(data_folder, size, train, transform):
@@ -343,11 +416,21 @@ class TinyImageNetVal(Dataset):
 
     def __init__(self, folder, classes, transform=None):
         index = {c: i for i, c in enumerate(classes)}
-        with open(os.path.join(folder, 'val_annotations.txt')) as f:
-            rows = [line.split('\t')[:2] for line in f if line.strip()]
+        annotations = os.path.join(folder, 'val_annotations.txt')
+        with open(annotations) as f:
+            rows = [(n, line.split('\t')) for n, line in enumerate(f, 1) if line.strip()]
+        short = [n for n, row in rows if len(row) < 2 or not row[0].strip() or not row[1].strip()]
+        if short or not rows:
+            raise UserError(f'{annotations} line {short[0]} is not "<file>\\t<class id>\\t..."' if short else
+                            f'{annotations} lists no image')
+        rows = [(row[0].strip(), row[1].strip()) for _, row in rows]
         unknown = sorted({c for _, c in rows} - set(index))
         if unknown:
-            raise UserError(f'{folder}/val_annotations.txt names classes the training split lacks: {unknown[:3]}')
+            raise UserError(f'{annotations} names classes the training split lacks: {unknown[:3]}')
+        missing = [name for name, _ in rows if not os.path.isfile(os.path.join(folder, 'images', name))]
+        if missing:
+            raise UserError(f'{annotations} lists {len(missing)} images that {folder}/images lacks (e.g. '
+                            f'{", ".join(missing[:3])}): the folder is incomplete')
         self.samples = [(os.path.join(folder, 'images', name), index[c]) for name, c in rows]
         self.targets, self.classes, self.transform = [t for _, t in self.samples], list(classes), transform
 
@@ -644,7 +727,10 @@ def _fingerprint(dataset, size):
     import hashlib
     digest = hashlib.sha1(str(size).encode())
     for path, target in getattr(dataset, 'samples', []):
-        stat = os.stat(path)
+        try:
+            stat = os.stat(path)
+        except OSError as e:         # a broken link, a file gone since the folder was listed
+            raise unreadable_image(path, e) from None
         digest.update(f'{path}\0{target}\0{stat.st_size}\0{stat.st_mtime_ns}\n'.encode())
     return digest.hexdigest()
 
@@ -659,13 +745,20 @@ def cached_images(dataset, size, stem, transform):
     key = _fingerprint(dataset, size)
 
     def valid():
+        """The metadata when it is this dataset's and the array file holds all of it, else ``None``."""
         try:
             with open(meta_path) as f:
                 meta = json.load(f)
-            return meta if meta.get('fingerprint') == key and os.path.isfile(data_path) else None
-        except (OSError, ValueError):
+            if meta.get('fingerprint') != key:
+                return None
+            data = np.load(data_path, mmap_mode='r')      # a file cut short fails here, or has too few rows
+            whole = data.dtype == np.uint8 and data.shape == (len(meta['targets']), size, size, 3)
+            return meta if whole else None
+        except (OSError, ValueError, KeyError, TypeError):
             return None
     if is_main() and valid() is None:
+        if os.path.isfile(meta_path) and os.path.isfile(data_path):
+            print(f'image cache: {data_path} is stale, cut short or damaged: building it again', flush=True)
         folder = writable_folder(os.path.dirname(stem), '--image_cache (under --data_folder)')
         start = time.time()
         shape = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size)])

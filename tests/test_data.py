@@ -422,3 +422,114 @@ def test_multicrop_through_the_real_script(tmp_path):
     run_script('main_supcon.py', '--dataset', 'digits_lt', '--imb_factor', 0.1, '--num_small_crops', 2,
                '--epochs', 1, '--batch_size', 64, '--num_workers', 0, '--device', 'cpu', '--save_folder', tmp_path)
     assert '_multicrop_2x7' in only_run_folder(tmp_path)
+
+
+# ---------------------------------------------------------------- files that lie about themselves (issue 48)
+FILE_RUN = ['--size', 8, '--model', 'resnet_tiny', '--batch_size', 8, '--num_workers', 0, '--device', 'cpu',
+            '--epochs', 1]
+
+
+@pytest.mark.slow
+def test_an_image_cache_cut_short_is_built_again(tmp_path):
+    """A cache whose array file was cut short (a full disk, a killed build) while its metadata survived is built
+    again with a line saying so: before, ``np.load`` failed with "mmap length is greater than file size"."""
+    root = make_image_folder(tmp_path / 'data', per_class=5, size=12)
+    args = ['--dataset', 'path', '--data_folder', root, '--mean', '(0.5, 0.5, 0.5)', '--std', '(0.25, 0.25, 0.25)',
+            '--image_cache', 16, '--augment', 'device', *FILE_RUN]
+    run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'a')
+    cache = os.path.join(root, '.cache', 'path_train_16.npy')
+    whole = os.path.getsize(cache)
+    with open(cache, 'r+b') as f:
+        f.truncate(whole - 700)
+    out = run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'b')
+    assert 'cut short or damaged: building it again' in out.stdout and 'image cache: 15 images' in out.stdout
+    assert os.path.getsize(cache) == whole and np.load(cache).shape == (15, 16, 16, 3)
+
+
+def test_a_broken_link_in_an_image_folder_is_one_line_with_the_cache_too(tmp_path):
+    root = make_image_folder(tmp_path / 'data', per_class=3, size=12)
+    os.symlink(tmp_path / 'gone.png', os.path.join(root, 'train', 'a', 'link.png'))
+    args = ['main_supcon.py', '--dataset', 'path', '--data_folder', root, '--mean', '(0.5, 0.5, 0.5)', '--std',
+            '(0.25, 0.25, 0.25)', *FILE_RUN, '--save_folder', tmp_path / 'run']
+    assert_one_line_error(run_in_process(*args, '--image_cache', 16, '--augment', 'device'), 'cannot read image',
+                          'link.png')
+
+
+def test_stl10_files_that_disagree_with_themselves_are_one_line(tmp_path):
+    """Labels outside 1..10 (a 0 became 255 in torchvision's uint8 subtraction: SupCon trained on it, CE crashed),
+    a labels file shorter than its images file, an images file cut short: one line naming the file, for both
+    scripts."""
+    from test_data import make_fake_stl10
+    common = [*FILE_RUN, '--augment', 'device']
+    cases = []
+    for case in ('label0', 'short_labels', 'short_images', 'label11'):
+        root = make_fake_stl10(tmp_path / case)
+        folder = os.path.join(root, 'stl10_binary')
+        labels = np.fromfile(os.path.join(folder, 'train_y.bin'), dtype=np.uint8)
+        if case in ('label0', 'label11'):
+            labels[3] = 0 if case == 'label0' else 11
+            labels.tofile(os.path.join(folder, 'train_y.bin'))
+        elif case == 'short_labels':
+            labels[:-1].tofile(os.path.join(folder, 'train_y.bin'))
+        else:
+            with open(os.path.join(folder, 'train_X.bin'), 'r+b') as f:
+                f.truncate(3 * 96 * 96 * 5 + 100)
+        cases.append((root, case))
+    words = {'label0': ('train_y.bin', 'label 0, outside 1..10'), 'label11': ('train_y.bin', 'label 11'),
+             'short_labels': ('train_y.bin', '19 labels', '20 images'), 'short_images': ('train_X.bin', 'cut short')}
+    for root, case in cases:
+        for script in ('main_supcon.py', 'main_ce.py'):
+            assert_one_line_error(run_in_process(script, '--dataset', 'stl10', '--data_folder', root, *common,
+                                                 '--save_folder', tmp_path / 'run' / case), *words[case])
+
+
+def test_cifar_batches_that_disagree_with_themselves_are_one_line(tmp_path):
+    import pickle
+    for case, words in (('labels', ('data_batch_2', '7 labels for 8 images')),
+                        ('range', ('data_batch_2', 'label 10, outside 0..9')),
+                        ('width', ('data_batch_2', 'images of 32 x 32 x 3 bytes'))):
+        root = make_fake_cifar(tmp_path / case)
+        path = os.path.join(root, 'cifar-10-batches-py', 'data_batch_2')
+        with open(path, 'rb') as f:
+            entry = pickle.load(f)
+        if case == 'labels':
+            entry['labels'] = entry['labels'][:-1]
+        elif case == 'range':
+            entry['labels'][0] = 10
+        else:
+            entry['data'] = entry['data'][:, :3000]
+        with open(path, 'wb') as f:
+            pickle.dump(entry, f)
+        for script in ('main_supcon.py', 'main_ce.py'):
+            assert_one_line_error(run_in_process(script, '--dataset', 'cifar10', '--data_folder', root, *FILE_RUN,
+                                                 '--save_folder', tmp_path / 'run'), *words)
+
+
+def test_tinyimagenet_and_imagenet100_trees_that_lie_are_one_line(tmp_path):
+    """Tiny ImageNet's annotations naming images the folder lacks, or a line without a class; an ImageNet-100 class
+    folder without images: one line each, before training."""
+    from PIL import Image
+
+    from data import IMAGENET100_CLASSES
+    image = Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8))
+    tiny = tmp_path / 'tiny'
+    for wnid in ('n01443537', 'n01629819'):
+        os.makedirs(tiny / 'train' / wnid / 'images')
+        image.save(tiny / 'train' / wnid / 'images' / f'{wnid}_0.JPEG')
+    os.makedirs(tiny / 'val' / 'images')
+    image.save(tiny / 'val' / 'images' / 'val_0.JPEG')
+    args = ['--dataset', 'tinyimagenet', '--data_folder', tiny, *FILE_RUN, '--save_folder', tmp_path / 'run']
+    for text, words in (('val_0.JPEG\tn01443537\t0\t0\t8\t8\nval_1.JPEG\tn01629819\t0\t0\t8\t8\n',
+                         ('lists 1 images', 'val_1.JPEG')),
+                        ('val_0.JPEG\n', ('line 1', 'class id'))):
+        (tiny / 'val' / 'val_annotations.txt').write_text(text)
+        assert_one_line_error(run_in_process('main_ce.py', *args), *words)
+    net = tmp_path / 'imagenet'
+    for split in ('train', 'val'):
+        for wnid in IMAGENET100_CLASSES:
+            os.makedirs(net / split / wnid)
+            if wnid != IMAGENET100_CLASSES[7]:
+                image.save(net / split / wnid / 'a.JPEG')
+    assert_one_line_error(run_in_process('main_ce.py', '--dataset', 'imagenet100', '--data_folder', net, *FILE_RUN,
+                                         '--save_folder', tmp_path / 'run2'), 'cannot read --dataset imagenet100',
+                          IMAGENET100_CLASSES[7])
