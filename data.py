@@ -25,6 +25,7 @@ from augment import DeviceLoader
 from datasets_indexed import IndexedDataset
 from distributed import barrier, is_main
 from flags import Feature, UserError, check
+from networks import timm_problem
 from util import progress, writable_folder
 
 # CIFAR-100's 20 superclasses (Krizhevsky 2009), 5 fine classes each. Fine and coarse indices are
@@ -891,8 +892,19 @@ def _check_multicrop(num_small_crops, small_size, size, augment, chunk_size, que
     if not num_small_crops:
         check('small_size' not in given, '--small_size needs --num_small_crops')
         return {'small_size': None}
-    small_size = small_size or max(4, round(size * 96 / 224))
+    timm = str(model or '').startswith('timm:') and 'dynamic_img_size' in model_args
+    if small_size is None:
+        small_size = max(4, round(size * 96 / 224))
+        if timm:          # the nearest size below --size that the model takes (a ViT: a multiple of its patch)
+            fits = [s for s in sorted(range(1, size), key=lambda s: (abs(s - small_size), -s))[:16]
+                    if timm_problem(model[len('timm:'):], size, model_args, (s,)) is None]
+            check(fits, f'{model} takes no small-view size near {small_size} (below --size {size}): give '
+                        f'--small_size')
+            small_size = fits[0]
     check(0 < small_size < size, f'--small_size must be in (0, --size {size}), got {small_size}')
+    if timm and 'small_size' in given:
+        problem = timm_problem(model[len('timm:'):], size, model_args, (small_size,))
+        check(problem is None, f'--small_size {small_size}: {problem}')
     for flag, value, why in (('--augment device', augment == 'device', 'multi-crop runs in the PIL pipeline'),
                              ('--chunk_size', chunk_size, 'gradient caching takes views of one size'),
                              ('--queue_size', queue_size, 'the queue\'s keys come from views of one size')):

@@ -23,7 +23,7 @@ from flags import SCRIPTS, UserError, call_hook, check, check_temperature, dest,
 from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
-from networks import MODELS, STEMS, is_model_name, parse_model_args
+from networks import MODELS, STEMS, is_model_name, parse_model_args, timm_problem
 from probes import FINETUNE, PROBES
 from runtime import COMPILE, PRECISION, REPRODUCIBILITY
 from schedule import OPTIMIZER, SCHEDULE
@@ -188,7 +188,7 @@ def validate(opt, script, given):
         check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
     if opt.model is not None:
-        _check_model(opt.model, opt.stem, opt.model_args, given)
+        _check_model(opt.model, opt.stem, opt.model_args, opt.size, given)
     info = dataset_info(opt.dataset)
     if info.mean_std is None:
         check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
@@ -264,20 +264,22 @@ def default_stem(size):
     return 'imagenet' if size >= 128 else 'cifar'
 
 
-def _check_model(model, stem, model_args, given):
-    """The encoder's flags: a timm name that exists, ``--stem`` for our ResNets only, ``--model_args`` that parse and
-    are for timm models only."""
+def _check_model(model, stem, model_args, size, given):
+    """The encoder's flags: a timm name that exists, ``--stem`` for our ResNets only, ``--model_args`` that parse, are
+    for timm models only and that timm accepts for ``--size`` images (networks.timm_problem)."""
+    try:
+        parse_model_args(model_args)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if model.startswith('timm:'):
         check('stem' not in given, f'--stem is for our ResNets; {model} has its own first layers')
         import timm
         check(timm.is_model(model[len('timm:'):]), f'timm has no model {model[len("timm:"):]!r} '
                                                   '(python -c "import timm; print(timm.list_models())")')
+        problem = timm_problem(model[len('timm:'):], size, model_args)
+        check(problem is None, problem)
     else:
         check(not model_args, f'--model_args is for timm models (timm:<name>), not {model}')
-    try:
-        parse_model_args(model_args)
-    except ValueError as e:
-        raise UserError(str(e)) from None
 
 
 def adopt_stage1_settings(opt, given):

@@ -10,7 +10,8 @@ from .resnet_big import (
     build_encoder,
     is_model_name,
     parse_model_args,
+    timm_problem,
 )
 
 __all__ = ['MODELS', 'STEMS', 'EncoderClassifier', 'LinearClassifier', 'SupCEResNet', 'SupConResNet', 'build_encoder',
-           'is_model_name', 'parse_model_args']
+           'is_model_name', 'parse_model_args', 'timm_problem']

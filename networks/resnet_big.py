@@ -7,6 +7,8 @@ there is ``resnet_tiny`` (one basic block per stage, widths 16-32-64-128): it is
 needs and it trains in seconds on a CPU. :func:`build_encoder` builds either kind; every encoder it builds carries
 its feature width as ``feature_dim``.
 """
+import functools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -169,6 +171,50 @@ def timm_encoder(name, size, model_args=''):
         if 'img_size' not in str(e):
             raise
         return timm.create_model(name, **kwargs)
+
+
+@functools.lru_cache(maxsize=16)
+def timm_problem(name, size, model_args='', sizes=()):
+    """``None`` if timm builds ``name`` (without ``timm:``) with ``--model_args`` for ``size``-pixel images and it
+    runs on a ``size`` image and on each of ``sizes`` (multi-crop's small views); else one line saying what fails:
+    the argument timm rejects (tried alone to name it), or the image size the model cannot take. Built on the CPU
+    once per process for each set of arguments."""
+    args = parse_model_args(model_args)
+    try:
+        encoder = timm_encoder(name, size, model_args)
+    except Exception as e:          # anything timm's constructor raises for arguments passed through to it
+        return _blame_model_args(name, size, args, e)
+    encoder.eval()
+    for s in (size, *sizes):
+        try:
+            with torch.no_grad():
+                encoder(torch.zeros(1, 3, s, s))
+        except Exception as e:
+            return f'timm:{name} cannot take {s} x {s} images ({_first_line(e)})'
+    return None
+
+
+def _first_line(error):
+    return f'{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ""}'[:200]
+
+
+def _blame_model_args(name, size, args, error):
+    """One line naming the ``--model_args`` entries that timm's ``name`` rejects, each tried alone."""
+    culprits = []
+    for key, value in args.items():
+        try:
+            timm_encoder(name, size, f'{key}={value}')
+        except Exception as e:
+            unknown = f"unexpected keyword argument '{key}'" in str(e)
+            culprits.append(f'{key} is not an argument of timm:{name}' if unknown else
+                            f'{key}={value} is a value timm:{name} rejects ({_first_line(e)})')
+    if not culprits:
+        return f'timm:{name} cannot be built with --model_args {format_model_args(args)} ({_first_line(error)})'
+    return '--model_args: ' + '; '.join(culprits)
+
+
+def format_model_args(args):
+    return ','.join(f'{k}={v}' for k, v in args.items())
 
 
 def is_model_name(name):

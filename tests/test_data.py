@@ -533,3 +533,16 @@ def test_tinyimagenet_and_imagenet100_trees_that_lie_are_one_line(tmp_path):
     assert_one_line_error(run_in_process('main_ce.py', '--dataset', 'imagenet100', '--data_folder', net, *FILE_RUN,
                                          '--save_folder', tmp_path / 'run2'), 'cannot read --dataset imagenet100',
                           IMAGENET100_CLASSES[7])
+
+
+@pytest.mark.slow
+def test_multicrop_with_a_vit_picks_a_small_size_the_model_takes(tmp_path):
+    """Issue 48 (7): USAGE's ViT multi-crop setup at the digits' size crashed (the default --small_size 7 is not a
+    multiple of patch size 4); the default is now the nearest size the model takes (8), and a --small_size it
+    cannot take is one line."""
+    vit = ['--model', 'timm:vit_tiny_patch16_224', '--model_args', 'depth=1,patch_size=4,dynamic_img_size=true',
+           '--num_small_crops', 2, '--num_workers', 0, '--device', 'cpu', '--batch_size', 64, '--epochs', 1]
+    out = run_script('main_supcon.py', *vit, '--save_folder', tmp_path / 'a')
+    assert '_multicrop_2x8' in only_run_folder(tmp_path / 'a') and 'epoch 1/1' in out.stdout
+    assert_one_line_error(run_in_process('main_supcon.py', *vit, '--small_size', 7, '--save_folder', tmp_path / 'b'),
+                          '--small_size 7', 'cannot take 7 x 7 images')

@@ -59,3 +59,22 @@ def test_every_method_trains_a_vit_and_chunks_equal_the_plain_step(case):
     assert torch.isfinite(loss) and any(name.startswith('encoder.blocks') for name in grads)
     torch.testing.assert_close(loss_c, loss, rtol=1e-5, atol=1e-6)
     assert_grads_equal(grads_c, grads, case)
+
+
+def test_model_args_timm_rejects_are_one_line_naming_the_argument_and_the_model(tmp_path):
+    """Issue 48 (4): arguments passed through to timm: a bad value or an unknown key was a raw TypeError from timm;
+    now one line naming the argument and the model, before anything is built."""
+    from helpers import assert_one_line_error, run_in_process
+    vit = ['--model', 'timm:vit_tiny_patch16_224', '--epochs', 1, '--save_folder', tmp_path]
+    for args, words in (('depth=two', ('depth=two', 'timm:vit_tiny_patch16_224')),
+                        ('nosuchkwarg=3', ('nosuchkwarg is not an argument of timm:vit_tiny_patch16_224',)),
+                        ('depth=1,nosuchkwarg=3', ('nosuchkwarg', 'vit_tiny'))):
+        for script in ('main_supcon.py', 'main_ce.py'):
+            assert_one_line_error(run_in_process(script, *vit, '--model_args', args), *words)
+
+
+def test_timm_problem_is_none_for_a_model_that_builds_and_runs():
+    from networks import timm_problem
+    assert timm_problem('vit_tiny_patch16_224', 16, 'depth=1,patch_size=4,dynamic_img_size=true', (8,)) is None
+    assert 'cannot take 6 x 6' in timm_problem('vit_tiny_patch16_224', 16,
+                                               'depth=1,patch_size=4,dynamic_img_size=true', (6,))
