@@ -138,21 +138,42 @@ def optimizer_for(opt, params, scaled=()):
                          opt.exclude_bias_norm, opt.lars_eta, scaled=scaled)
 
 
-def _schedule_defaults(batch_size, warm, warm_epochs):
-    # SupContrast: large batches always warm up; 10 epochs (--warm_epochs) from 0.01
+SUPCONTRAST_WARMUP_FROM = 0.01     # SupContrast's absolute warm-up start
+
+
+def warmup_start(target, warm_start=None):
+    """Where the warm-up starts, never above its ``target``: ``warm_start`` times the target when given, else
+    SupContrast's 0.01 capped at a tenth of the target (so SupContrast's settings, whose targets are all >= 0.1,
+    keep their exact schedule, and AdamW's 1e-3 warms up from 1e-4 instead of cooling down from 0.01)."""
+    if warm_start is not None:
+        return warm_start * target
+    return min(SUPCONTRAST_WARMUP_FROM, 0.1 * target)
+
+
+def _schedule_defaults(batch_size, warm, warm_epochs, warm_start, learning_rate, epochs, lr_decay_rate, cosine, given):
+    # SupContrast: large batches always warm up; 10 epochs (--warm_epochs)
     check(warm_epochs >= 1, f'--warm_epochs must be >= 1, got {warm_epochs}')
-    return {'warm': warm or batch_size > 256, 'warmup_from': 0.01}
+    check(warm_start is None or 0 <= warm_start < 1, f'--warm_start must be in [0, 1), got {warm_start}')
+    warm = warm or batch_size > 256
+    check(warm or 'warm_start' not in given, '--warm_start needs a warm-up (--warm, or a batch above 256)')
+    target = Schedule(learning_rate, epochs, lr_decay_rate=lr_decay_rate, cosine=cosine,
+                      warm_epochs=warm_epochs).warmup_target()
+    return {'warm': warm, 'warmup_from': warmup_start(target, warm_start)}
 
 
 SCHEDULE = Feature(
     'learning-rate schedule', check=_schedule_defaults, resume_may_change=('warmup_from',),
     flags={'--cosine': dict(action='store_true', help='cosine annealing (else step decay at --lr_decay_epochs)'),
-           '--warm': dict(action='store_true', help='linear warm-up from 0.01 over --warm_epochs (always on above '
-                                                    'batch 256)'),
+           '--warm': dict(action='store_true', help='linear warm-up over --warm_epochs to the schedule\'s learning '
+                                                    'rate (always on above batch 256)'),
            '--warm_epochs': dict(type=int, default=10,
-                                 help='epochs of the linear warm-up (default 10, SupContrast\'s)')},
-    run_name=lambda cosine, warm, warm_epochs: ('_cosine' if cosine else '') + ('_warm' if warm else '')
-    + (f'_warm_epochs_{warm_epochs}' if warm_epochs != 10 else ''))
+                                 help='epochs of the linear warm-up (default 10, SupContrast\'s)'),
+           '--warm_start': dict(type=float, default=None,
+                                help='the warm-up starts at this fraction of its target (default: SupContrast\'s '
+                                     '0.01, capped at a tenth of the target)')},
+    run_name=lambda cosine, warm, warm_epochs, warm_start: ('_cosine' if cosine else '') + ('_warm' if warm else '')
+    + (f'_warm_epochs_{warm_epochs}' if warm_epochs != 10 else '')
+    + (f'_warm_start_{warm_start}' if warm_start is not None else ''))
 
 
 def _check_optimizer(optimizer, exclude_bias_norm, lars_eta, given):

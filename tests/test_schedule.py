@@ -98,3 +98,65 @@ def test_optimizer_groups_and_exclusions():
     assert isinstance(lars, LARS) and [g['lars'] for g in lars.param_groups] == [True, False]
     assert sum(p.numel() for g in lars.param_groups for p in g['params']) == sum(
         p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------- warm-up start (issue 48, 5)
+@pytest.mark.parametrize('optimizer', ['sgd', 'adamw', 'lars'])
+@pytest.mark.parametrize('lr', [1e-4, 1e-3, 0.05, 0.5, 5.0])
+def test_every_optimizers_warmup_starts_below_its_target_and_rises(optimizer, lr):
+    """The first warm-up steps of every optimizer, through parse_option as a script builds them: the learning rate
+    starts below the target and never decreases up to it (SupContrast's absolute 0.01 made AdamW's 1e-3 a
+    cool-down: 0.0059 -> 0.0014 -> 0.001)."""
+    from flags import call_hook
+    from options import parse_option
+    from schedule import optimizer_for
+    opt = parse_option('supcon', ['--optimizer', optimizer, '--learning_rate', str(lr), '--warm', '--cosine',
+                                  '--epochs', '20', '--warm_epochs', '2'])
+    schedule = call_hook(Schedule, opt)
+    optim = optimizer_for(opt, [torch.nn.Parameter(torch.zeros(2, 2)), torch.nn.Parameter(torch.zeros(2))])
+    seen = []
+    for epoch in (1, 2):
+        schedule.adjust(optim, epoch)
+        for it in range(4):
+            schedule.warmup(optim, epoch, it, 4)
+            seen.append(optim.param_groups[0]['lr'])
+    target = schedule.warmup_target()
+    assert seen[0] < target and all(a <= b for a, b in zip(seen, seen[1:])) and seen[-1] <= target
+    assert seen[0] == pytest.approx(min(0.01, 0.1 * target))
+
+
+def test_supcontrast_settings_keep_their_exact_warmup():
+    """SupContrast's recommended settings (lr 0.5, batch 1024, cosine, 1000 epochs): the start is its 0.01 exactly,
+    and every warm-up step is its formula."""
+    from flags import call_hook
+    from options import parse_option
+    opt = parse_option('supcon', ['--learning_rate', '0.5', '--batch_size', '1024', '--cosine', '--epochs', '1000'])
+    assert opt.warm and opt.warmup_from == 0.01
+    schedule = call_hook(Schedule, opt)
+    eta_min = 0.5 * 0.1 ** 3
+    warmup_to = eta_min + (0.5 - eta_min) * (1 + math.cos(math.pi * 10 / 1000)) / 2
+    optim = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    for epoch, idx in ((1, 0), (3, 7), (10, 9)):
+        schedule.warmup(optim, epoch, idx, 10)
+        p = (idx + (epoch - 1) * 10) / (10 * 10)
+        assert optim.param_groups[0]['lr'] == 0.01 + p * (warmup_to - 0.01)
+
+
+def test_warm_start_sets_the_fraction_and_is_checked():
+    from flags import UserError
+    from options import parse_option
+    opt = parse_option('supcon', ['--learning_rate', '0.5', '--warm', '--warm_start', '0.5', '--epochs', '100'])
+    assert opt.warmup_from == pytest.approx(0.25) and opt.run_name.endswith('_warm_start_0.5')
+    for argv in (['--warm', '--warm_start', '1.5'], ['--warm_start', '0.1']):
+        with pytest.raises(UserError, match='--warm_start'):
+            parse_option('supcon', argv)
+
+
+@pytest.mark.slow
+def test_adamw_warmup_rises_through_the_real_script(tmp_path):
+    """The logged learning rates of a warm-up with AdamW at 1e-3 rise to it (they fell from 0.0059 before)."""
+    from helpers import FAST, only_run_folder, read_metrics, run_script
+    run_script('main_supcon.py', '--optimizer', 'adamw', '--learning_rate', 1e-3, '--warm', '--warm_epochs', 2,
+               '--epochs', 3, '--save_folder', tmp_path, *FAST)
+    lrs = [float(r['train/lr']) for r in read_metrics(only_run_folder(tmp_path))]
+    assert lrs[0] < lrs[1] <= lrs[2] == 1e-3, lrs
