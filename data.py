@@ -584,6 +584,9 @@ def build_dataset(opt, train, transform, granularity=None):
     if indices is None and mapping is None and not noise:
         return base
     dataset = Relabeled(base, indices, mapping, classes)
+    if train and opt.label_fraction < 1:
+        dataset.label_fraction = {'fraction': opt.label_fraction, 'n_labelled': len(dataset),
+                                  'n_total': len(pool)}
     if noise:
         clean = dataset.targets
         dataset.targets, flipped = noisy_labels(clean, len(dataset.classes), opt.label_noise, opt.seed,
@@ -606,6 +609,14 @@ def labelled_fraction(targets, fraction, seed=0):
         members = np.flatnonzero(targets == c)
         chosen.append(rng.permutation(members)[:max(1, int(round(fraction * len(members))))])
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+
+
+def announce_label_fraction(dataset):
+    """With ``--label_fraction``: one line saying how many labelled training images the run uses (rank 0)."""
+    part = getattr(dataset, 'label_fraction', None)
+    if part is not None and is_main():
+        print(f'--label_fraction {part["fraction"]:g}: {part["n_labelled"]} labelled training images of '
+              f'{part["n_total"]} (a fixed stratified subset, at least one per class)', flush=True)
 
 
 def save_label_noise(run_folder, dataset):

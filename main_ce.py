@@ -6,6 +6,7 @@ and ECE (of the plain logits).
 """
 from data import (
     TwoCropTransform,
+    announce_label_fraction,
     build_dataset,
     build_loader,
     build_transform,
@@ -31,6 +32,7 @@ def main(argv=None):
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
     train_loader = build_loader(opt, train_set, train=True, kind='contrastive' if two_views else 'train',
                                 n_views=2 if two_views else None)
+    announce_label_fraction(train_set)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
     test_loader = build_loader(opt, test_set, train=False)
@@ -56,7 +58,7 @@ def main(argv=None):
     print(f'run folder: {opt.run_folder}')
     last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc', scaler=scaler)
     last = last or best
-    write_results(opt, last, best, 'test/acc')
+    write_results(opt, last, best, 'test/acc', n_train=len(train_set))
     print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')
     print(f'final test top-1: {last["test/acc"]:.2f}, NLL {last["test/nll"]:.4f}, ECE {last["test/ece"]:.4f}')
 

@@ -8,6 +8,7 @@ Reads checkpoints of this project (any of the three scripts' encoders) and of
 the original SupContrast. Prints the final and the best test top-1; with
 ``--val_split`` it also selects the epoch on held-out training data.
 """
+import csv
 import json
 import os
 
@@ -16,6 +17,7 @@ import torch
 
 from checkpoint import load_encoder
 from data import (
+    announce_label_fraction,
     build_dataset,
     build_loader,
     build_transform,
@@ -31,6 +33,7 @@ from engine import evaluate, fit, setup, train_loop, write_results
 from flags import UserError, call_hook
 from knn import extract_features, knn_predict
 from losses import cross_entropy
+from monitors import probe_divergence
 from networks import EncoderClassifier, LinearClassifier
 from options import config_dict, parse_option
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
@@ -71,6 +74,12 @@ def few_shot(frozen, granularity, shots, draws, seed, k, t):
     return results
 
 
+def epoch_losses(run_folder):
+    """The mean training loss of every epoch of the run so far (its ``metrics.csv``, across resumes)."""
+    with open(os.path.join(run_folder, 'metrics.csv'), newline='') as f:
+        return [float(row['train/loss']) for row in csv.DictReader(f) if row.get('train/loss')]
+
+
 def main(argv=None):
     opt = setup(parse_option('linear', argv))
     runtime = call_hook(Runtime, opt)
@@ -102,6 +111,7 @@ def main(argv=None):
     train_set = build_dataset(opt, True, build_transform(opt, 'train'), opt.eval_labels)
     test_set = build_dataset(opt, False, build_transform(opt, 'eval'), opt.eval_labels)
     n_cls = classes_to_classify(train_set)
+    announce_label_fraction(train_set)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
     loaders = {}
@@ -113,7 +123,8 @@ def main(argv=None):
     loaders['test'] = build_loader(opt, test_set, train=False)
     train_loader = build_loader(opt, train_set, train=True, kind='train')
 
-    classifier = LinearClassifier(encoder.feature_dim, num_classes=n_cls).to(runtime.device)
+    classifier = LinearClassifier(encoder.feature_dim, num_classes=n_cls, norm=opt.probe_norm == 'bn')
+    classifier = classifier.to(runtime.device)
     if opt.finetune:        # the encoder trains too, at its own learning rate (--encoder_lr, on the same schedule)
         for p in encoder.parameters():
             p.requires_grad_(True)
@@ -159,6 +170,13 @@ def main(argv=None):
     extra = {'n_train': len(train_set)}
     if opt.within_superclass:
         extra['final_test_within_superclass_acc'] = superclass_probe()
+    if is_main():           # a probe that diverged says so (its accuracy does not measure the encoder)
+        warning = probe_divergence(epoch_losses(opt.run_folder), n_cls, last.get('test/nll'))
+        extra.update(probe_diverged=warning is not None, probe_warning=warning)
+        if warning:
+            print(f'warning: {warning}', flush=True)
+            with open(os.path.join(opt.run_folder, 'warnings.txt'), 'a') as f:
+                f.write(f'after epoch {opt.epochs}: {warning}\n')
     write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)
     if opt.val_split > 0:
         print(f'best val top-1: {best["val/acc"]:.2f} (epoch {best["epoch"]}), '

@@ -12,6 +12,8 @@ These are relative signals: SupCon's optimum puts each class on one point, so th
 well-trained C-class encoder have rank at most C - 1 and a ``z_std`` well below ``1/sqrt(D)``. Compare a
 run with its own first epoch and with other runs, not with the isotropic value.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -84,3 +86,19 @@ class CollapseWatch:
 
     def load_state_dict(self, state):
         self.first_z_std, self.warned = state['first_z_std'], state['warned']
+
+
+def probe_divergence(train_losses, n_classes, test_nll=None):
+    """``None`` for a linear probe that trained, else one line saying how it diverged: a non-finite loss, or a last
+    epoch's mean training loss above chance level, ``ln C`` (the cross-entropy of a uniform prediction, about where
+    a probe starts): on its own training data it then does worse than guessing, and its test accuracy does not
+    measure the encoder. ``train_losses``: the epochs' mean training losses, in order."""
+    values = [*train_losses, *([] if test_nll is None else [test_nll])]
+    if not all(math.isfinite(v) for v in values):
+        return 'the linear probe diverged: a loss is not finite; lower --learning_rate (or use --probe_norm bn)'
+    chance = math.log(n_classes)
+    if train_losses and train_losses[-1] > chance:
+        return (f'the linear probe diverged: its last epoch\'s training loss {train_losses[-1]:.4g} is above chance '
+                f'level (ln {n_classes} = {chance:.3f}; first epoch {train_losses[0]:.4g}), so its test accuracy does '
+                f'not measure the encoder; lower --learning_rate (or use --probe_norm bn)')
+    return None

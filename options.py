@@ -24,14 +24,15 @@ from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
 from networks import MODELS, STEMS, is_model_name, parse_model_args, timm_problem
-from probes import FINETUNE, PROBES
+from probes import FINETUNE, LINEAR_PROBE, PROBES
 from runtime import COMPILE, PRECISION, REPRODUCIBILITY
 from schedule import OPTIMIZER, SCHEDULE
 from steps import CARROT_FLAGS, CE_LOSS, CHUNKS, ONE_STAGE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours).
 FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION, AUGMENT,
-            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP]
+            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
+            LINEAR_PROBE]
 
 # SupContrast's per-script defaults.
 SCRIPT_DEFAULTS = {

@@ -93,3 +93,12 @@ FINETUNE = Feature(
                                 help='with --finetune: the encoder\'s learning rate, following the schedule as '
                                      '--learning_rate does (default: 0.1 x --learning_rate)')},
     run_name=lambda finetune, encoder_lr: f'_finetune_enclr_{encoder_lr}' if finetune else '')
+
+
+# ---------------------------------------------------------------- the linear probe's form (main_linear.py)
+LINEAR_PROBE = Feature(
+    'the linear probe', scripts=('linear',),
+    flags={'--probe_norm': dict(choices=['none', 'bn'], default='none',
+                                help='bn: MAE\'s normalized probe, a BatchNorm without affine parameters before the '
+                                     'linear layer (default none: SupContrast\'s plain linear layer)')},
+    run_name=lambda probe_norm: '_bnprobe' if probe_norm == 'bn' else '')

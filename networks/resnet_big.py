@@ -291,18 +291,22 @@ class SupCEResNet(nn.Module):
 
 
 class LinearClassifier(nn.Module):
-    """Linear classifier on frozen encoder features of width ``dim`` (an int, or one of our model names)."""
+    """Linear classifier on frozen encoder features of width ``dim`` (an int, or one of our model names); with
+    ``norm``, MAE's normalized probe: a BatchNorm without affine parameters (``eps`` 1e-6) before the linear layer
+    (He et al. 2022, "Masked Autoencoders Are Scalable Vision Learners", appendix A.3), which makes the probe's
+    learning rate independent of the features' scale."""
 
-    def __init__(self, dim=2048, num_classes=10):
+    def __init__(self, dim=2048, num_classes=10, norm=False):
         super().__init__()
         if not isinstance(dim, int):
             if dim not in MODELS:
                 raise ValueError(f'unknown model {dim!r}; choose from {", ".join(MODELS)}')
             dim = MODELS[dim][1]
+        self.norm = nn.BatchNorm1d(dim, affine=False, eps=1e-6) if norm else nn.Identity()
         self.fc = nn.Linear(dim, num_classes)
 
     def forward(self, features):
-        return self.fc(features)
+        return self.fc(self.norm(features))
 
 
 class EncoderClassifier(nn.Module):

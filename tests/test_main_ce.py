@@ -107,3 +107,18 @@ def test_no_chunk_or_batch_of_one_image_reaches_batchnorm(tmp_path):
                           '--chunk_size 1 puts single images through BatchNorm')
     proc = run_in_process('main_ce.py', *common, '--batch_size', 5, '--chunk_size', 4)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.xdist_group('tiny')
+def test_label_fraction_says_how_many_labelled_images_and_results_record_n_train(tmp_path, tiny_ckpt):
+    """Issue 48 (8): --label_fraction never said how many labelled images a run used, and main_ce.py's results.json
+    had no n_train (USAGE said it had): both scripts say it when training starts, both results hold it."""
+    out = run_script('main_ce.py', '--label_fraction', 0.1, '--epochs', 1, '--save_folder', tmp_path / 'ce', *FAST)
+    assert '--label_fraction 0.1: 142 labelled training images of 1437' in out.stdout
+    with open(os.path.join(only_run_folder(tmp_path / 'ce'), 'results.json')) as f:
+        assert json.load(f)['n_train'] == 142
+    out = run_script('main_linear.py', '--ckpt', tiny_ckpt, '--label_fraction', 0.05, '--epochs', 1,
+                     '--save_folder', tmp_path / 'lin', *FAST)
+    assert '--label_fraction 0.05: 70 labelled training images of 1437' in out.stdout
+    with open(os.path.join(only_run_folder(tmp_path / 'lin'), 'results.json')) as f:
+        assert json.load(f)['n_train'] == 70

@@ -68,3 +68,27 @@ def test_transfer_to_another_dataset(tiny_ckpt, tmp_path):
     assert results['config']['size'] == load(tiny_ckpt)['config']['size']
     assert_one_line_error(run_in_process('main_linear.py', '--ckpt', tiny_ckpt, '--dataset', 'cifar10',
                                          '--data_folder', data, '--size', 32), '--size 32 contradicts')
+
+
+@pytest.mark.xdist_group('tiny')
+def test_a_diverged_probe_says_so_and_the_normalized_probe(tiny_ckpt, tmp_path):
+    """Issue 48 (6): a probe whose training loss ends above chance level (ln C) reported its accuracy with exit 0 and
+    no word; now a warning line, ``warnings.txt`` and ``probe_diverged``/``probe_warning`` in results.json. A probe
+    that trains says ``probe_diverged: false``. ``--probe_norm bn``: MAE's BatchNorm (no affine parameters) before
+    the linear layer, in the checkpoint and the run name."""
+    args = ['--ckpt', tiny_ckpt, '--epochs', 3, *FAST]
+    bad = run_script('main_linear.py', *args, '--learning_rate', 30, '--save_folder', tmp_path / 'bad')
+    folder = only_run_folder(tmp_path / 'bad')
+    with open(os.path.join(folder, 'results.json')) as f:
+        results = json.load(f)
+    assert results['probe_diverged'] and 'above chance level (ln 10' in results['probe_warning']
+    assert 'warning: the linear probe diverged' in bad.stdout
+    with open(os.path.join(folder, 'warnings.txt')) as f:
+        assert 'the linear probe diverged' in f.read()
+    run_script('main_linear.py', *args, '--learning_rate', 0.1, '--probe_norm', 'bn', '--save_folder', tmp_path / 'bn')
+    folder = only_run_folder(tmp_path / 'bn')
+    with open(os.path.join(folder, 'results.json')) as f:
+        results = json.load(f)
+    assert results['probe_diverged'] is False and results['probe_warning'] is None
+    assert folder.endswith('_bnprobe') and 'norm.running_mean' in load(os.path.join(folder, 'last.pth'))['model']
+    assert 'weight' not in {k.split('.')[-1] for k in load(os.path.join(folder, 'last.pth'))['model'] if 'norm' in k}

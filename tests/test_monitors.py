@@ -89,3 +89,14 @@ def test_the_demo_runs_and_stays_silent(tmp_path):
     assert proc.stdout.strip().splitlines()[-1].startswith('digits test accuracy')
     run = only_run_folder(tmp_path / 'pretrain')
     assert not os.path.exists(os.path.join(run, 'warnings.txt'))
+
+
+def test_probe_divergence_flags_a_loss_above_chance_or_not_finite():
+    import math
+
+    from monitors import probe_divergence
+    assert probe_divergence([2.0, 0.5, 0.3], 10, 0.4) is None
+    assert 'above chance level (ln 10' in probe_divergence([13.3, 22.8, 11.9], 10, 8.3)
+    assert 'above chance level' in probe_divergence([1.0, 2.4], 10)          # rose back above ln 10 = 2.303
+    assert 'not finite' in probe_divergence([1.0, 0.5], 10, math.nan)
+    assert probe_divergence([0.69], 2) is None and probe_divergence([0.7], 2) is not None    # ln 2 = 0.693
