@@ -45,18 +45,31 @@ from runtime import Runtime, compile_modules
 from util import accuracy
 
 
-def carrot_term(carrot, base, h, labels, params=(), scale=None, weight=None, alpha_max=1.0):
-    """``base + alpha * CARROT(h, labels)`` (alpha gradient-balanced and capped at ``alpha_max`` unless a fixed
-    ``weight``: ``--carrot_weight``, ``--carrot_alpha_max``) and the step's statistics. ``params``: parameters
-    between ``h`` and ``base`` (head, classifier); ``scale``: the loss scale of the step's backward
-    (``--amp fp16``; the balance takes its gradients of the scaled terms)."""
-    # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
-    reg = carrot(gather_with_grad(h), gather_labels(labels, h.device))
-    balance = {}
-    total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=weight, alpha_max=alpha_max,
-                                            reduce_sum=all_reduce_sum, stats=balance, scale=scale)
-    return total, {**{f'carrot/{k}': v for k, v in carrot.last_stats.items()}, 'carrot/alpha': alpha,
-                   'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
+class CarrotTerm:
+    """``--carrot``: the CARROT regularizer (``losses_carrot.CARROT``, its quantiles ``--carrot_q_hi`` /
+    ``--carrot_q_lo``) with the settings of its weight: a fixed ``weight`` (``--carrot_weight``) or the
+    gradient-balanced alpha capped at ``alpha_max`` (``--carrot_alpha_max``)."""
+
+    def __init__(self, q_hi, q_lo, weight=None, alpha_max=1.0):
+        self.carrot, self.weight, self.alpha_max = CARROT(q_hi, q_lo), weight, alpha_max
+
+    def __call__(self, base, h, labels, params=(), scale=None):
+        """``base + alpha * CARROT(h, labels)`` and the step's statistics. ``params``: parameters between ``h`` and
+        ``base`` (head, classifier); ``scale``: the loss scale of the step's backward (``--amp fp16``; the balance
+        takes its gradients of the scaled terms)."""
+        # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
+        reg = self.carrot(gather_with_grad(h), gather_labels(labels, h.device))
+        balance = {}
+        total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=self.weight,
+                                                alpha_max=self.alpha_max, reduce_sum=all_reduce_sum, stats=balance,
+                                                scale=scale)
+        return total, {**{f'carrot/{k}': v for k, v in self.carrot.last_stats.items()}, 'carrot/alpha': alpha,
+                       'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
+
+
+def carrot_term(carrot, carrot_q_hi, carrot_q_lo, carrot_weight, carrot_alpha_max):
+    """The :class:`CarrotTerm` of the command line (``None`` without ``--carrot``): a hook (``flags.call_hook``)."""
+    return CarrotTerm(carrot_q_hi, carrot_q_lo, carrot_weight, carrot_alpha_max) if carrot else None
 
 
 # ---------------------------------------------------------------- stage 1: the pre-training object
@@ -78,7 +91,6 @@ class Pretraining:
         self.method: Method = get_method(opt.method)
         self.chunk_size, self.shuffle_bn_splits = opt.chunk_size, opt.shuffle_bn_splits
         self.carrot_on = opt.carrot_on
-        self.carrot_weight, self.carrot_alpha_max = opt.carrot_weight, opt.carrot_alpha_max
         if model is None:
             model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size,
                                  model_args=opt.model_args)
@@ -91,7 +103,7 @@ class Pretraining:
         self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
         compile_modules(opt.compile, self.model.encoder, self.model.head)     # after the key encoder's copy
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
-        self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+        self.carrot = call_hook(carrot_term, opt)
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -173,8 +185,7 @@ class Pretraining:
             # the parameters between h and the loss: the head's, and the loss's own (a classifier on h_enc)
             h, params = ((h_enc, [*self.model.head.parameters(), *self.criterion.parameters()])
                          if self.carrot_on == 'encoder' else (h_proj, ()))
-            loss, carrot_stats = carrot_term(self.carrot, loss, h, labels.repeat(n_views), params, scale,
-                                             self.carrot_weight, self.carrot_alpha_max)
+            loss, carrot_stats = self.carrot(loss, h, labels.repeat(n_views), params, scale)
             stats.update(carrot_stats)
         return loss, stats, features.detach()
 
@@ -221,7 +232,6 @@ class CETraining:
                                              'cannot train on one: use at least 2 per process')
             check(opt.chunk_size != 1, '--chunk_size 1 puts single images through BatchNorm, which cannot train on '
                                        'one: use --chunk_size 2 or more (or 0)')
-        self.carrot_weight, self.carrot_alpha_max = opt.carrot_weight, opt.carrot_alpha_max
         # --loss: plain cross-entropy, or the logits shifted by tau log(prior) (priors: class_counts, the training
         # labels after the long-tail subset and label noise)
         tau = {'ce': None, 'logit_adjusted': opt.la_tau, 'balanced_softmax': 1.0}[opt.loss]
@@ -235,7 +245,7 @@ class CETraining:
         broadcast_state(self.model)                      # under torchrun every process starts from rank 0's
         compile_modules(opt.compile, *self.model.children())
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
-        self.carrot = CARROT(opt.carrot_q_hi, opt.carrot_q_lo) if opt.carrot else None
+        self.carrot = call_hook(carrot_term, opt)
 
     def step(self, images, labels: torch.Tensor,
              backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -276,8 +286,7 @@ class CETraining:
             loss = loss + self.supcon_weight * supcon
             params += list(self.model.head.parameters())
         if self.carrot is not None:
-            loss, carrot_stats = carrot_term(self.carrot, loss, h, rows, params, scale, self.carrot_weight,
-                                             self.carrot_alpha_max)
+            loss, carrot_stats = self.carrot(loss, h, rows, params, scale)
             stats.update(carrot_stats)
         return loss, stats
 

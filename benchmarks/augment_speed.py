@@ -35,11 +35,10 @@ CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
 
 
 def pil_transform():
-    from types import SimpleNamespace
-
     from data import build_transform
-    return TwoCropTransform(build_transform(SimpleNamespace(dataset='cifar10', size=32, mean=None, std=None,
-                                                            randaugment=None), 'contrastive'))
+    from options import parse_option
+    return TwoCropTransform(build_transform(parse_option('supcon', ['--dataset', 'cifar10', '--size', '32']),
+                                            'contrastive'))
 
 
 def per_core(n, reps=5):

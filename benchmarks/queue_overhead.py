@@ -29,12 +29,11 @@ def main():
     p.add_argument('--reps', type=int, default=3)
     p.add_argument('--device', default='auto')
     args = p.parse_args()
-    opt = setup(parse_option('supcon', ['--batch_size', str(args.batch), '--model', args.model, '--size',
-                                        str(args.size), '--device', args.device, '--queue_size', str(args.queue)]),
-                run_folder=False)
+    argv = ['--batch_size', str(args.batch), '--model', args.model, '--size', str(args.size), '--device', args.device]
+    opt = setup(parse_option('supcon', [*argv, '--queue_size', str(args.queue)]), run_folder=False)
     torch.manual_seed(0)
     queued = Pretraining(opt, args.queue)          # with the queue and the key encoder
-    plain = Pretraining(argparse.Namespace(**{**vars(opt), 'queue_size': 0}), args.queue, model=queued.model)
+    plain = Pretraining(setup(parse_option('supcon', argv), run_folder=False), args.queue, model=queued.model)
     queued.model.train()
     optimizer = set_optimizer(queued.model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
     queued.queue.enqueue(torch.randn(args.queue, opt.feat_dim), torch.randint(0, 10, (args.queue,)),

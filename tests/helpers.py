@@ -127,6 +127,22 @@ def _read_text(path):
         return ''
 
 
+def make_options(script='supcon', **flags):
+    """Options as ``script``'s parser makes them (``options.parse_option``), from flags given as keywords:
+    ``make_options(dataset='digits', size=8, label_noise=0.2)`` is ``--dataset digits --size 8 --label_noise 0.2``
+    (``True``: the flag alone; ``None`` or ``False``: left out). The suite never builds options by hand, so a new
+    flag cannot break a test (``tests/test_layering.py`` pins it)."""
+    from options import parse_option
+    argv = []
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        argv.append(f'--{name}')
+        if value is not True:
+            argv.append(str(value))
+    return parse_option(script, argv)
+
+
 def run_in_process(script, *args):
     """Run ``script`` as ``python <script> args`` would, but in this process (``runpy``, as ``__main__``), for the
     error paths that stop before training: no interpreter start, no torch import. Returns an object with
@@ -137,7 +153,6 @@ def run_in_process(script, *args):
     import io
     import random
     import runpy
-    from types import SimpleNamespace
     saved = (os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM), random.getstate(), np.random.get_state(),
              torch.get_rng_state(), signal.getsignal(signal.SIGINT))
     out, err, code = io.StringIO(), io.StringIO(), 0
@@ -157,7 +172,7 @@ def run_in_process(script, *args):
         np.random.set_state(saved[4])
         torch.set_rng_state(saved[5])
         signal.signal(signal.SIGINT, saved[6])
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+    return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
 def signal_after_first_checkpoint(script, args, folder, signum, delay):

@@ -15,6 +15,7 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 import augment as A
+from helpers import make_options
 
 
 def images(n=6, h=20, w=24, seed=0):
@@ -238,10 +239,8 @@ def test_cpu_and_device_pipelines_agree_on_digits_statistics():
     between today's per-image PIL pipeline and the batched one (tolerances: 0.02 for means and stds of
     normalized pixels, 0.02 for the mean cosine; the runs differ in their random draws and in PIL's uint8
     rounding after each operation)."""
-    import argparse
-
     from data import Digits, build_transform
-    opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None, randaugment=None)
+    opt = make_options(dataset='digits', size=16)
     torch.manual_seed(0)
     pil = Digits(train=True, size=16, transform=build_transform(opt, 'contrastive'))
     cpu_a = torch.stack([pil[i][0] for i in range(len(pil))])
@@ -355,13 +354,11 @@ def test_device_augmentation_where_it_cannot_apply(tmp_path):
 def test_evaluation_loaders_equal_the_cpu_evaluation_transform():
     """``--augment device`` evaluation loaders: the whole split in order, normalized like ToTensor + Normalize;
     creating one leaves the training generator registered."""
-    import argparse
-
     from data import Digits, build_loader, build_transform
     from runtime import GENERATORS
-    opt = argparse.Namespace(dataset='digits', size=16, mean=None, std=None, local_batch_size=64, batch_size=100,
-                             seed=0, world_size=2, rank=1, device=torch.device('cpu'), channels_last=False,
-                             augment='device', num_workers=0, randaugment=None)
+    opt = make_options(dataset='digits', size=16, batch_size=100, augment='device', num_workers=0)
+    # rank 1 of 2 with a local batch of 64, as engine.setup would set a run up under torchrun
+    opt.local_batch_size, opt.world_size, opt.rank, opt.device = 64, 2, 1, torch.device('cpu')
     train = build_loader(opt, Digits(train=True, size=16), train=True, kind='train')
     g = GENERATORS['augment']
     test = Digits(train=False, size=16, transform=build_transform(opt, 'eval'))

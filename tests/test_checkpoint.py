@@ -1,13 +1,12 @@
 """checkpoint.py through the scripts: corrupt, truncated and mismatched checkpoints are one-line errors;
 checkpoints of the original SupContrast and of torch.compile load."""
-import argparse
 import os
 import pickle
 
 import pytest
 import torch
 
-from helpers import FAST, assert_one_line_error, run_in_process, run_script
+from helpers import FAST, assert_one_line_error, make_options, run_in_process, run_script
 
 
 def test_corrupt_checkpoints(tmp_path):
@@ -60,7 +59,7 @@ def test_resume_with_another_script(tiny_ckpt, tmp_path):
 def test_original_supcontrast_and_compiled_checkpoints(tiny_ckpt, tmp_path):
     """SupContrast pickles an argparse.Namespace and wraps the encoder in DataParallel."""
     ckpt = torch.load(tiny_ckpt, weights_only=True)
-    legacy = {'opt': argparse.Namespace(model='resnet_tiny', dataset='digits', batch_size=128),
+    legacy = {'opt': make_options(model='resnet_tiny', batch_size=128, size=8),     # an argparse.Namespace
               'model': {k.replace('encoder.', 'encoder.module.', 1): v for k, v in ckpt['model'].items()},
               'optimizer': ckpt['optimizer'], 'epoch': 1}
     torch.save(legacy, tmp_path / 'legacy.pth')

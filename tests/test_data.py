@@ -1,6 +1,5 @@
 """data.py: long-tailed subsets, coarse labels, and the dataset table through the real scripts
 (generated CIFAR files and ImageFolder trees)."""
-import argparse
 import os
 
 import numpy as np
@@ -12,6 +11,7 @@ from helpers import (
     assert_one_line_error,
     make_fake_cifar,
     make_image_folder,
+    make_options,
     only_run_folder,
     run_in_process,
     run_script,
@@ -19,9 +19,7 @@ from helpers import (
 
 
 def _opt(tmp_path, dataset, **kw):
-    return argparse.Namespace(dataset=dataset, data_folder=str(tmp_path), size=32, imb_factor=0.1, label_noise=0.0,
-                              label_fraction=1.0, image_cache=0,
-                              label_granularity='fine', **kw)
+    return make_options(dataset=dataset, data_folder=str(tmp_path), size=32, imb_factor=0.1, **kw)
 
 
 def test_long_tail_counts_follow_the_exponential_profile(tmp_path):
@@ -52,14 +50,11 @@ def test_cifar100_coarse_mapping_on_a_fake_file(tmp_path):
 def test_digits_coarse_grouping():
     from data import DIGITS_COARSE, Digits, build_dataset
     assert np.bincount(DIGITS_COARSE).tolist() == [2] * 5
-    opt = argparse.Namespace(dataset='digits', data_folder=None, size=16, label_granularity='coarse', label_noise=0.0,
-                             label_fraction=1.0, image_cache=0)
+    opt = make_options(dataset='digits', size=16, label_granularity='coarse')
     coarse = build_dataset(opt, True, None)
     assert coarse.targets == [DIGITS_COARSE[y] for y in Digits(True).targets]
     with pytest.raises(Exception, match='coarse labels'):
-        build_dataset(argparse.Namespace(dataset='cifar10', size=32, data_folder='/none', label_noise=0.0,
-                                         label_fraction=1.0, image_cache=0), True,
-                      None, 'coarse')
+        build_dataset(make_options(dataset='cifar10', size=32, data_folder='/none'), True, None, 'coarse')
 
 
 @pytest.mark.slow
@@ -117,20 +112,17 @@ def test_load_image_reads_rgb_and_names_a_bad_file(tmp_path):
 
 
 def test_digits_lt_follows_the_profile_with_a_balanced_test_split():
-    import argparse
-
     from data import build_dataset, class_counts, long_tail_counts
-    opt = argparse.Namespace(dataset='digits_lt', data_folder=None, size=16, imb_factor=0.1, label_noise=0.0,
-                             label_fraction=1.0, image_cache=0,
-                             label_granularity='fine')
-    full = class_counts(build_dataset(argparse.Namespace(**{**vars(opt), 'dataset': 'digits'}), True, None))
+    flags = dict(dataset='digits_lt', size=16, imb_factor=0.1)
+    opt = make_options(**flags)
+    full = class_counts(build_dataset(make_options(**{**flags, 'dataset': 'digits'}), True, None))
     lt = class_counts(build_dataset(opt, True, None))
     # class c keeps int(n_max * 0.1^(c/9)) images, or all it has (digits' classes differ a little in size)
     assert lt == [min(n, want) for n, want in zip(full, long_tail_counts(max(full), 10, 0.1))]
     assert lt[-1] == int(max(full) * 0.1)
     assert class_counts(build_dataset(opt, False, None)) == class_counts(
-        build_dataset(argparse.Namespace(**{**vars(opt), 'dataset': 'digits'}), False, None))    # test: as digits
-    rare = class_counts(build_dataset(argparse.Namespace(**{**vars(opt), 'imb_factor': 0.01}), True, None))
+        build_dataset(make_options(**{**flags, 'dataset': 'digits'}), False, None))    # test: as digits
+    rare = class_counts(build_dataset(make_options(**{**flags, 'imb_factor': 0.01}), True, None))
     assert rare[-1] == 1 and min(rare) == 1
 
 
@@ -265,15 +257,14 @@ def test_labelled_fraction_is_stratified_fixed_and_keeps_every_class():
     assert np.bincount(targets[chosen]).tolist() == [5, 2, 1, 1]
     assert np.array_equal(chosen, labelled_fraction(targets, 0.1)) and np.array_equal(chosen, np.sort(chosen))
     assert not np.array_equal(chosen, labelled_fraction(targets, 0.1, seed=1))
-    opt = argparse.Namespace(dataset='digits_lt', data_folder=None, size=8, imb_factor=0.1, label_noise=0.0,
-                             label_granularity='fine', label_fraction=1.0, image_cache=0)
-    whole = build_dataset(opt, True, None)
-    opt.label_fraction = 0.1
+    flags = dict(dataset='digits_lt', size=8, imb_factor=0.1)
+    whole = build_dataset(make_options('ce', **flags), True, None)
+    opt = make_options('ce', **flags, label_fraction=0.1)
     part = build_dataset(opt, True, None)
     assert set(part.indices) <= set(whole.indices) and len(set(part.targets)) == 10
     assert np.bincount(part.targets).tolist() == [max(1, round(0.1 * n)) for n in np.bincount(whole.targets)]
-    assert len(build_dataset(opt, False, None)) == len(build_dataset(argparse.Namespace(**{
-        **vars(opt), 'label_fraction': 1.0}), False, None))                 # the test split is whole
+    assert len(build_dataset(opt, False, None)) == len(build_dataset(make_options('ce', **flags), False,
+                                                                    None))    # the test split is whole
 
 
 def test_randaugment_and_views_flags():
@@ -325,8 +316,7 @@ def test_stl10_trains_simclr_on_the_unlabelled_split_and_evaluates_on_the_labell
     evaluates on stl10; without the files, one line points to --data_folder."""
     from data import build_dataset
     root = make_fake_stl10(tmp_path / 'data')
-    opt = argparse.Namespace(dataset='stl10', data_folder=root, size=96, label_noise=0.0, label_fraction=1.0,
-                             image_cache=0, label_granularity='fine', imb_factor=0.01)
+    opt = make_options(dataset='stl10', data_folder=root, size=96)
     train = build_dataset(opt, True, None)
     assert len(train) == 20 and train.data.shape == (20, 96, 96, 3) and train.targets[:3] == [0, 1, 2]
     common = ['--data_folder', root, '--size', 16, '--model', 'resnet_tiny', '--batch_size', 16, '--num_workers', 0,

@@ -1,21 +1,19 @@
 """IndexedDataset over every dataset the scripts support."""
 import pickle
-from types import SimpleNamespace
 
 import torch
 
 from data import build_dataset, build_loader, build_transform, num_classes
 from datasets_indexed import IndexedDataset
-from helpers import make_fake_cifar, make_image_folder
+from helpers import make_fake_cifar, make_image_folder, make_options
 
 
 def opt_for(dataset, folder=None, size=16):
-    return SimpleNamespace(dataset=dataset, data_folder=str(folder) if folder else './datasets/', size=size,
-                           label_noise=0.0, label_fraction=1.0, image_cache=0,
-                           mean=(0.5, 0.5, 0.5) if dataset == 'path' else None,
-                           std=(0.25, 0.25, 0.25) if dataset == 'path' else None,
-                           batch_size=4, num_workers=0, device=torch.device('cpu'), label_granularity='fine',
-                           augment='cpu')
+    opt = make_options(dataset=dataset, data_folder=str(folder) if folder else None, size=size,
+                       mean='(0.5, 0.5, 0.5)' if dataset == 'path' else None,
+                       std='(0.25, 0.25, 0.25)' if dataset == 'path' else None, batch_size=4, num_workers=0)
+    opt.device = torch.device('cpu')           # engine.setup's resolution of --device
+    return opt
 
 
 def check(opt):

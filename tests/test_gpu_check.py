@@ -25,7 +25,7 @@ def dry_run(tmp_path, *args, env=None):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU dry run (a GPU machine runs the real check)')
 def test_the_dry_run_runs_every_section_and_says_what_needs_cuda(tmp_path):
-    proc, sections, report = dry_run(tmp_path, '--budget', '600')
+    proc, sections, report = dry_run(tmp_path, '--budget', '800', '--slack', '4')    # the suite loads the machine
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [s for s in sections] == [key for _, key, *_ in gpu_check.SECTIONS]
     assert sections['environment']['status'] == 'passed'

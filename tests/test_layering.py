@@ -132,3 +132,38 @@ def test_the_opt_count_sees_defs_and_lambdas(tmp_path, source, expected):
     """Power: a leaf that takes ``opt`` (a def or a lambda) is counted."""
     (tmp_path / 'leaf.py').write_text(source)
     assert len(functions_with_opt({'leaf': [tmp_path / 'leaf.py']}, tmp_path)) == expected
+
+
+def namespaces_built(paths, root=ROOT):
+    """``['file:line', ...]``: every call that builds a namespace by hand (``argparse.Namespace(...)``,
+    ``SimpleNamespace(...)``, also under another import name) in ``paths``."""
+    out = []
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        names = {'Namespace', 'SimpleNamespace'}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names |= {a.asname for a in node.names if a.name in ('Namespace', 'SimpleNamespace') and a.asname}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, 'id', '')
+                if name in names:
+                    out.append(f'{path.relative_to(root)}:{node.lineno}')
+    return sorted(out)
+
+
+def python_files():
+    skip = {'.venv', '.venv-gpu-image', 'save', 'datasets', '.git'}
+    return [p for p in ROOT.rglob('*.py') if not skip & set(p.relative_to(ROOT).parts)]
+
+
+def test_options_are_made_by_the_parser_only(tmp_path):
+    """Issue 49: options come from ``options.parse_option`` (tests: ``helpers.make_options``), never a namespace
+    built by hand, so a new flag can never break a test, a benchmark or analyze.py. Power: a doctored file's two
+    namespaces (one under another import name) are caught."""
+    assert namespaces_built([p for p in python_files() if p.relative_to(ROOT) != pathlib.Path('options.py')]) == []
+    doctored = tmp_path / 'doctored.py'
+    doctored.write_text('import argparse\nfrom types import SimpleNamespace as NS\n'
+                        'a = argparse.Namespace(dataset="digits")\nb = NS(size=8)\n')
+    assert namespaces_built([doctored], tmp_path) == ['doctored.py:3', 'doctored.py:4']

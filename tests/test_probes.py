@@ -1,6 +1,5 @@
 """probes.py and --label_noise: K-shot draws, the logistic-regression probe, within-superclass accuracy on
 embeddings whose answer is known, symmetric label noise; main_linear.py --shots end to end."""
-import argparse
 import json
 import os
 
@@ -11,6 +10,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from flags import UserError
+from helpers import make_options
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
 
 
@@ -58,9 +58,8 @@ def test_linear_probe_separates_what_is_separable():
 
 
 def noise_opt(noise, seed=0, kind='symmetric'):
-    return argparse.Namespace(dataset='digits', size=8, label_granularity='fine', imb_factor=0.01,
-                              label_noise=noise, label_noise_kind=kind, seed=seed, data_folder=None, label_fraction=1.0,
-                              image_cache=0)
+    return make_options(dataset='digits', size=8, label_noise=noise or None, seed=seed,
+                        label_noise_kind=kind if noise else None)
 
 
 def test_label_noise_flips_the_stated_fraction_of_training_labels_only():
