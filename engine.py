@@ -6,13 +6,13 @@ import math
 import os
 import time
 from collections import defaultdict
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from distributed import all_gather_object, all_reduce_sum, barrier, init_distributed, is_main, rank, world_size
-from flags import UserError, call_hook
+from flags import UserError
 from losses import cross_entropy
 from monitors import CollapseWatch
 from options import config_dict, resume_conflicts
@@ -150,9 +150,17 @@ class ScaledBackward:
 MAX_SKIPPED_STEPS = 25    # --amp fp16: this many steps skipped in a row end the run (the scale fell by 2^25)
 
 
-def train_loop(loader, optimizer, scaler, epoch, step, desc, schedule: Schedule, print_freq=10):
-    """One epoch of ``step(batch, backward) -> (loss, batch size, {name: scalar tensor})``, with ``schedule``'s
-    warm-up; without a progress bar a line every ``print_freq`` iterations.
+class Optimization(NamedTuple):
+    """What the training loop updates with: the ``optimizer``, the ``scaler`` (``torch.amp.GradScaler``: enabled under
+    ``--amp fp16``, a pass-through otherwise) and the learning-rate ``schedule``."""
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    schedule: Schedule
+
+
+def train_loop(loader, optim: Optimization, epoch, step, desc, print_freq=10):
+    """One epoch of ``step(batch, backward) -> (loss, batch size, {name: scalar tensor})``, with ``optim``'s
+    schedule's warm-up; without a progress bar a line every ``print_freq`` iterations.
 
     The step back-propagates by calling ``backward(loss)`` (a :class:`ScaledBackward`) itself, once or in parts
     (gradient caching); the loop zeroes the gradients before it and steps the optimizer after it. The host
@@ -164,6 +172,7 @@ def train_loop(loader, optimizer, scaler, epoch, step, desc, schedule: Schedule,
     with one line after ``MAX_SKIPPED_STEPS`` in a row. Without fp16 a non-finite loss stops the run at once.
     Returns the epoch means.
     """
+    optimizer, scaler, schedule = optim
     meters = defaultdict(AverageMeter)
     if hasattr(loader.sampler, 'set_epoch'):
         loader.sampler.set_epoch(epoch)    # DistributedSampler: a new shuffle every epoch
@@ -283,16 +292,16 @@ def evaluate(runtime: Runtime, loader, predict, prefix, num_classes, class_count
     return out
 
 
-def fit(opt, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_epoch: Callable[[int], dict],
+def fit(opt, model: torch.nn.Module, optim: Optimization, train_epoch: Callable[[int], dict],
         evaluate_epoch: Optional[Callable[[int], dict]] = None, select: Optional[str] = None,
-        extra: Optional[dict] = None, scaler: Optional[torch.amp.GradScaler] = None) -> tuple[dict, Optional[dict]]:
+        extra: Optional[dict] = None) -> tuple[dict, Optional[dict]]:
     """Run epochs ``1..opt.epochs`` (or continue from ``--resume``).
 
     ``train_epoch(epoch)`` and ``evaluate_epoch(epoch)`` return metric dicts;
     ``select`` names the metric whose maximum picks the best epoch; ``extra`` maps
     names to objects with ``state_dict``/``load_state_dict`` (loss buffers, ...)
-    saved in and restored from checkpoints; ``scaler``: the ``GradScaler`` (its scale travels
-    in checkpoints under ``--amp fp16``). ``<run>/last.pth`` is written every
+    saved in and restored from checkpoints; ``optim``: the optimizer, the ``GradScaler`` (its scale travels
+    in checkpoints under ``--amp fp16``) and the schedule. ``<run>/last.pth`` is written every
     epoch, ``ckpt_epoch_N.pth`` every ``--save_freq`` epochs. Returns
     ``(last metrics, best metrics)``.
 
@@ -303,6 +312,7 @@ def fit(opt, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_epo
     written to ``<run>/warnings.txt``.
     """
     extra = extra or {}
+    optimizer, scaler, schedule = optim
     start, best = 1, None
     watch = CollapseWatch()
     notices = []
@@ -331,7 +341,6 @@ def fit(opt, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_epo
         if logger is not None:
             logger.note(start - 1, f'on resume: {notice}')
     metrics = {}
-    schedule = call_hook(Schedule, opt)
     for epoch in range(start, opt.epochs + 1):
         schedule.adjust(optimizer, epoch)
         metrics = train_epoch(epoch)

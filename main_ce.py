@@ -15,7 +15,7 @@ from data import (
     long_tail_class_counts,
     save_label_noise,
 )
-from engine import evaluate, fit, setup, train_loop, write_results
+from engine import Optimization, evaluate, fit, setup, train_loop, write_results
 from flags import call_hook
 from options import parse_option
 from schedule import Schedule, optimizer_for
@@ -39,9 +39,7 @@ def main(argv=None):
     n_cls = classes_to_classify(train_set)
     ce = CETraining(opt, n_cls, class_counts(train_set))     # model, loss and CARROT
     model = ce.model
-    optimizer = optimizer_for(opt, model.parameters())
-    scaler = ce.runtime.grad_scaler()
-    schedule = call_hook(Schedule, opt)
+    optim = Optimization(optimizer_for(opt, model.parameters()), ce.runtime.grad_scaler(), call_hook(Schedule, opt))
 
     def step(batch, backward):
         loss, stats = ce.step(*batch, backward=backward)
@@ -49,14 +47,14 @@ def main(argv=None):
 
     def train_epoch(epoch):
         ce.ddp_model.train()
-        return train_loop(train_loader, optimizer, scaler, epoch, step, 'CE', schedule, opt.print_freq)
+        return train_loop(train_loader, optim, epoch, step, 'CE', opt.print_freq)
 
     def evaluate_epoch(epoch):
         model.eval()
         return evaluate(ce.runtime, test_loader, model, 'test', n_cls, counts)
 
     print(f'run folder: {opt.run_folder}')
-    last, best = fit(opt, model, optimizer, train_epoch, evaluate_epoch, select='test/acc', scaler=scaler)
+    last, best = fit(opt, model, optim, train_epoch, evaluate_epoch, select='test/acc')
     last = last or best
     write_results(opt, last, best, 'test/acc', n_train=len(train_set))
     print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')

@@ -29,7 +29,7 @@ from data import (
     split_train_val,
 )
 from distributed import is_main, wrap_model
-from engine import evaluate, fit, setup, train_loop, write_results
+from engine import Optimization, evaluate, fit, setup, train_loop, write_results
 from flags import UserError, call_hook
 from knn import extract_features, knn_predict
 from losses import cross_entropy
@@ -135,8 +135,7 @@ def main(argv=None):
         trained = classifier
         optimizer = optimizer_for(opt, classifier.parameters())
     ddp_trained = wrap_model(trained, runtime.device, opt.syncBN)    # itself in one process
-    scaler = runtime.grad_scaler()
-    schedule = call_hook(Schedule, opt)
+    optim = Optimization(optimizer, runtime.grad_scaler(), call_hook(Schedule, opt))
 
     def predict(images, head=classifier):
         with torch.no_grad():
@@ -153,8 +152,7 @@ def main(argv=None):
 
     def train_epoch(epoch):
         trained.train()         # --finetune: the encoder's BatchNorm in train mode too
-        return train_loop(train_loader, optimizer, scaler, epoch, step, 'Finetune' if opt.finetune else 'Linear',
-                          schedule, opt.print_freq)
+        return train_loop(train_loader, optim, epoch, step, 'Finetune' if opt.finetune else 'Linear', opt.print_freq)
 
     def evaluate_epoch(epoch):
         trained.eval()
@@ -165,7 +163,7 @@ def main(argv=None):
 
     print(f'run folder: {opt.run_folder}')
     select = 'val/acc' if opt.val_split > 0 else 'test/acc'
-    last, best = fit(opt, trained, optimizer, train_epoch, evaluate_epoch, select=select, scaler=scaler)
+    last, best = fit(opt, trained, optim, train_epoch, evaluate_epoch, select=select)
     last = last or best
     extra = {'n_train': len(train_set)}
     if opt.within_superclass:

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 from data import build_dataset, build_loader, class_counts, contrastive_views, save_label_noise
 from datasets_indexed import IndexedDataset
-from engine import fit, setup, train_loop
+from engine import Optimization, fit, setup, train_loop
 from flags import call_hook
 from knn import knn_monitor
 from methods import get_method
@@ -27,9 +27,7 @@ def main(argv=None):
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=opt.n_views)   # device: large only
     save_label_noise(opt.run_folder, train_set)
     pre = Pretraining(opt, len(train_set), class_counts=class_counts(train_set))   # model, loss, CARROT, queue, ...
-    optimizer = optimizer_for(opt, pre.parameters())
-    scaler = pre.runtime.grad_scaler()
-    schedule = call_hook(Schedule, opt)
+    optim = Optimization(optimizer_for(opt, pre.parameters()), pre.runtime.grad_scaler(), call_hook(Schedule, opt))
     hists = defaultdict(lambda: 0)     # the loss's histogram counts, summed over the epoch
 
     def step(batch, backward):
@@ -41,15 +39,15 @@ def main(argv=None):
     def train_epoch(epoch):
         pre.ddp_model.train()
         hists.clear()
-        metrics = train_loop(loader, optimizer, scaler, epoch, step, opt.method, schedule, opt.print_freq)
+        metrics = train_loop(loader, optim, epoch, step, opt.method, opt.print_freq)
         pre.criterion.end_epoch()
         prefix = pre.method.stats_prefix
         metrics.update({f'hist/{prefix}{name}': counts.cpu().clone() for name, counts in hists.items()})
         return metrics
 
     print(f'run folder: {opt.run_folder}')
-    fit(opt, pre.model, optimizer, train_epoch, knn_monitor(opt, pre.model) if opt.knn_every else None,
-        extra=pre.checkpointed(), scaler=scaler)
+    fit(opt, pre.model, optim, train_epoch, knn_monitor(opt, pre.model) if opt.knn_every else None,
+        extra=pre.checkpointed())
     print(f'checkpoint: {opt.run_folder}/last.pth')
 
 

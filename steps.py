@@ -138,8 +138,7 @@ class Pretraining:
             loss, stats, kept['features'] = self.loss_from_parts(h_enc, h_proj, labels, ids, n_views, scale)
             return loss, stats
         if self.chunk_size:
-            loss, stats = cached_step(runtime, model, model.encoder, model.head, views, self.chunk_size, loss_from,
-                                      backward)
+            loss, stats = cached_step(runtime, model, model.head, views, self.chunk_size, loss_from, backward)
         else:
             images = device_batch(runtime, views)                       # view-major rows: v * bsz + b
             with runtime.autocast():
@@ -258,8 +257,7 @@ class CETraining:
         def loss_from(h, out):
             return self.loss_from_parts(h, out, labels, len(views), scale)
         if self.chunk_size:
-            return cached_step(runtime, self.model, self.model.encoder, self.model.outputs, views, self.chunk_size,
-                               loss_from, backward)
+            return cached_step(runtime, self.model, self.model.outputs, views, self.chunk_size, loss_from, backward)
         with runtime.autocast():
             h, out = self.ddp_model(device_batch(runtime, views), parts=True)
         loss, stats = loss_from(h, out)
@@ -371,12 +369,13 @@ def restore_rng(device, state):
         torch.cuda.set_rng_state(state[1], device)
 
 
-def cached_step(runtime, model, encoder, head, views, chunk_size, loss_from, backward):
-    """Gradient caching (module docstring): ``encoder`` per chunk without a graph, ``loss_from(h, head(h))``
+def cached_step(runtime, model, head, views, chunk_size, loss_from, backward):
+    """Gradient caching (module docstring): ``model.encoder`` per chunk without a graph, ``loss_from(h, head(h))``
     on the whole batch from the cached encoder outputs ``h`` (a leaf), ``backward(loss)`` into ``h`` and
     the head, then the encoder per chunk again with the cached gradient. Under torchrun the model is not
     wrapped in DDP: buffers come from rank 0 before the step (as DDP broadcasts them) and the gradients
     are averaged over processes after it. Returns ``(loss, statistics)``."""
+    encoder = model.encoder
     broadcast_buffers(model)                       # no-op in one process
     n_views = len(views)
     chunks = chunk_images(runtime, views, chunk_size)
@@ -405,7 +404,7 @@ def cached_step(runtime, model, encoder, head, views, chunk_size, loss_from, bac
 
 
 # ---------------------------------------------------------------- the flags of CARROT and gradient caching (flags.py)
-def _check_carrot(carrot, carrot_q_lo, carrot_q_hi, carrot_weight, carrot_alpha_max, method, method_entry, given):
+def _check_carrot(carrot, carrot_q_lo, carrot_q_hi, carrot_weight, carrot_alpha_max, method_entry, given):
     check(0 <= carrot_q_lo < carrot_q_hi <= 1,
           f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {carrot_q_lo} and {carrot_q_hi}')
     if not carrot:
@@ -414,7 +413,7 @@ def _check_carrot(carrot, carrot_q_lo, carrot_q_hi, carrot_weight, carrot_alpha_
         return
     if method_entry is not None and not method_entry.uses_labels:
         with_labels = ' or '.join(m.name for m in METHODS.values() if m.uses_labels)
-        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {method}')
+        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {method_entry.name}')
     check(carrot_weight is None or carrot_weight >= 0, '--carrot_weight must be >= 0')
     check(carrot_weight is None or 'carrot_alpha_max' not in given,
           '--carrot_alpha_max caps the balanced weight; with a fixed --carrot_weight it has no effect: give one')

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.supcontrast_losses import SupConLoss as OriginalSupConLoss  # noqa: E402
 from data import TwoCropTransform, build_loader, build_transform  # noqa: E402
 from datasets_indexed import IndexedDataset  # noqa: E402
-from engine import setup, train_loop  # noqa: E402
+from engine import Optimization, setup, train_loop  # noqa: E402
 from flags import call_hook  # noqa: E402
 from networks import SupConResNet  # noqa: E402
 from options import parse_option  # noqa: E402
@@ -88,13 +88,12 @@ def timed(opt, loader, model, step, steps, warmup, profile=False):
     """Images/s (both views) of ``steps`` training steps through ``engine.train_loop`` after ``warmup`` steps.
     ``profile``: instead, ``(images/s, table)`` with ``torch.profiler``'s table of the top 15 operators by device
     time (CPU time on a CPU) over the timed steps (:func:`profile_table`)."""
-    optimizer = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay)
-    scaler = call_hook(Runtime, opt).grad_scaler()
-    schedule = call_hook(Schedule, opt)
+    optim = Optimization(set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay),
+                         call_hook(Runtime, opt).grad_scaler(), call_hook(Schedule, opt))
     sync = torch.cuda.synchronize if opt.device.type == 'cuda' else (lambda: None)
-    train_loop(Limited(loader, warmup), optimizer, scaler, 1, step, 'warm-up', schedule, opt.print_freq)
+    train_loop(Limited(loader, warmup), optim, 1, step, 'warm-up', opt.print_freq)
     sync()
-    run = lambda: train_loop(Limited(loader, steps), optimizer, scaler, 1, step, 'timed', schedule, opt.print_freq)
+    run = lambda: train_loop(Limited(loader, steps), optim, 1, step, 'timed', opt.print_freq)
     start = time.perf_counter()
     if not profile:
         run()

@@ -172,7 +172,7 @@ def _loop(scaler, losses_of_steps, max_skipped=None, monkeypatch=None):
         loss = model(x).sum() * factor
         backward(loss)
         return loss.detach(), x.shape[0], {'stat': loss.detach() * 0 + 1}
-    out = engine.train_loop(batches, optimizer, scaler, 1, step, 'test', schedule, print_freq=1000)
+    out = engine.train_loop(batches, engine.Optimization(optimizer, scaler, schedule), 1, step, 'test', print_freq=1000)
     return out, model, scaler
 
 

@@ -167,3 +167,32 @@ def test_options_are_made_by_the_parser_only(tmp_path):
     doctored.write_text('import argparse\nfrom types import SimpleNamespace as NS\n'
                         'a = argparse.Namespace(dataset="digits")\nb = NS(size=8)\n')
     assert namespaces_built([doctored], tmp_path) == ['doctored.py:3', 'doctored.py:4']
+
+
+MAX_STEP_PARAMETERS = 7
+
+
+def wide_functions(paths, limit=MAX_STEP_PARAMETERS):
+    """``['file:line name (N)', ...]``: functions (methods counted without ``self``) with more than ``limit``
+    parameters."""
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x]
+                n = len([x for x in names if x not in ('self', 'cls')])
+                if n > limit:
+                    out.append(f'{path.name}:{node.lineno} {node.name} ({n})')
+    return out
+
+
+def test_step_functions_stay_narrow(tmp_path):
+    """Issue 49: no function of the training step and loop (steps.py, engine.py) takes more than 7 parameters: what
+    belongs together travels as the object that owns it (``steps.CarrotTerm``, ``engine.Optimization``). Power: an
+    8-parameter function is caught."""
+    assert wide_functions([ROOT / 'steps.py', ROOT / 'engine.py']) == []
+    wide = tmp_path / 'wide.py'
+    wide.write_text('def f(a, b, c, d, e, g, h, i):\n    pass\n\n\nclass K:\n    def m(self, a, b, c, d, e, g, h):\n'
+                    '        pass\n')
+    assert wide_functions([wide]) == ['wide.py:1 f (8)']
