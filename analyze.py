@@ -19,10 +19,9 @@ import torch
 
 from checkpoint import load_checkpoint, load_encoder
 from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels, dataset_info
-from flags import UserError
+from flags import Parser, UserError
 from knn import extract_features
 from monitors import rankme
-from options import Parser
 from runtime import Runtime, resolve_device
 from util import run_cli, writable_folder
 

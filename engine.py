@@ -15,7 +15,7 @@ from distributed import all_gather_object, all_reduce_sum, barrier, init_distrib
 from flags import UserError
 from losses import cross_entropy
 from monitors import CollapseWatch
-from options import config_dict, resume_conflicts
+from options import FEATURES
 from runtime import (
     GENERATORS,
     Runtime,
@@ -64,7 +64,7 @@ def check_resume(opt):
     script = config.get('script')
     if script and script != opt.script:
         raise UserError(f'{opt.resume} was written by main_{script}.py, not main_{opt.script}.py')
-    conflicts = resume_conflicts(config, opt)
+    conflicts = resume_conflicts(config, config_dict(opt))
     if conflicts:
         raise UserError(f'{opt.resume} is another experiment; resume it with its own flags ({"; ".join(conflicts)}), '
                         f'or start a new run without --resume')
@@ -123,7 +123,7 @@ def run_folder_conflict(opt):
             saved = json.load(f)['config']
     except (OSError, ValueError, KeyError, TypeError):
         return f'{identity} is not a run identity this project wrote: choose a new --trial or --save_folder'
-    differences = resume_conflicts(saved, opt, holder='the folder')
+    differences = resume_conflicts(saved, config_dict(opt), holder='the folder')
     if differences:
         return (f'{folder} holds another experiment ({"; ".join(differences)}): start this one with a new --trial '
                 f'or --save_folder')
@@ -405,3 +405,33 @@ def write_results(opt, last, best, select, **extra):
     with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
         json.dump(results, f, indent=2)
     return results
+
+
+# What may differ when a run is resumed: flags that do not change what is learned (a longer --epochs is how a
+# run is extended), the features' own (``Feature.resume_may_change``: e.g. --amp, --channels_last and
+# --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe
+# this process rather than the experiment.
+RESUME_MAY_CHANGE = {'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder', 'save_folder',
+                     'resume', 'trial', 'script', 'run_folder', 'run_name', 'world_size', 'rank', 'local_batch_size',
+                     *(name for feature in FEATURES for name in feature.resume_may_change)}
+
+
+def resume_conflicts(saved_config, config, holder='the checkpoint'):
+    """``['--flag: the checkpoint has A, now B', ...]`` for the experiment-defining flags where the
+    checkpoint's (``holder``'s) configuration and this command line's (``config``: :func:`config_dict`) differ (keys
+    missing on either side are skipped)."""
+    return [f'--{key}: {holder} has {saved_config[key]!r}, now {config[key]!r}'
+            for key in sorted(set(config) & set(saved_config) - RESUME_MAY_CHANGE) if saved_config[key] != config[key]]
+
+
+def config_dict(opt):
+    """The options as a plain dict of str/int/float/bool/list (safe for ``weights_only`` loading)."""
+    out = {}
+    for key, value in vars(opt).items():
+        if isinstance(value, tuple):
+            value = list(value)
+        if isinstance(value, (str, int, float, bool, list)) or value is None:
+            out[key] = value
+        else:
+            out[key] = str(value)
+    return out

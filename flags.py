@@ -122,3 +122,22 @@ def epoch_list(text):
     if not all(e >= 1 for e in epochs):
         raise argparse.ArgumentTypeError(f'expected comma-separated epochs >= 1 such as 700,800,900, got {text!r}')
     return epochs
+
+
+# ---------------------------------------------------------------- the parsers (options.py, analyze.py)
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (no usage block) with exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f'{self.prog}: error: {message}\n')
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every help line ends with its default, unless the default is off (``None``, ``False``, ``''``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ''
+        off = action.default is None or action.default is False or action.default in ('', argparse.SUPPRESS)
+        if not off and '(default' not in text:
+            text += ' (default: %(default)s)'
+        return text

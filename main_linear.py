@@ -29,13 +29,13 @@ from data import (
     split_train_val,
 )
 from distributed import is_main, wrap_model
-from engine import Optimization, evaluate, fit, setup, train_loop, write_results
+from engine import Optimization, config_dict, evaluate, fit, setup, train_loop, write_results
 from flags import UserError, call_hook
 from knn import extract_features, knn_predict
 from losses import cross_entropy
 from monitors import probe_divergence
 from networks import EncoderClassifier, LinearClassifier
-from options import config_dict, parse_option
+from options import parse_option
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
 from runtime import Runtime
 from schedule import Schedule, optimizer_for

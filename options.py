@@ -13,25 +13,25 @@ folder; it touches no device, process group or file (``engine.setup`` does). Eve
 script (``FIELD_DEFAULTS``: every flag of every script), so code reads ``opt.x`` without a fallback.
 """
 import argparse
-import hashlib
 import math
 import os
 
-from checkpoint import load_checkpoint
-from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info, mean_std
-from flags import SCRIPTS, UserError, call_hook, check, check_temperature, dest, epoch_list, floats
+from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info
+from encoders import ENCODER, adopt_stage1_settings, default_stem, encoder_tag
+from flags import SCRIPTS, HelpFormatter, Parser, call_hook, check, check_temperature, dest, epoch_list, floats
 from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
-from networks import MODELS, STEMS, is_model_name, parse_model_args, timm_problem
 from probes import FINETUNE, LINEAR_PROBE, PROBES
 from runtime import COMPILE, PRECISION, REPRODUCIBILITY
 from schedule import OPTIMIZER, SCHEDULE
 from steps import CARROT_FLAGS, CE_LOSS, CHUNKS, ONE_STAGE
+from util import fit_name
 
-# The features, in the order of their parts of the run name (SupContrast's order, then ours).
-FEATURES = [LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION, AUGMENT,
-            CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
+# The features, in the order of their parts of the run name (SupContrast's order, then ours); the encoder's part is
+# in the middle of the name (encoders.encoder_tag), its checks first.
+FEATURES = [ENCODER, LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION,
+            AUGMENT, CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
             LINEAR_PROBE]
 
 # SupContrast's per-script defaults.
@@ -49,24 +49,6 @@ DESCRIPTION = {'supcon': 'Stage 1: contrastive pre-training (SupCon / SimCLR / R
                'linear': 'Stage 2: linear evaluation of a frozen stage-1 encoder.'}
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line (no usage block) with exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f'{self.prog}: error: {message}\n')
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Every help line ends with its default, unless the default is off (``None``, ``False``, ``''``)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ''
-        off = action.default is None or action.default is False or action.default in ('', argparse.SUPPRESS)
-        if not off and '(default' not in text:
-            text += ' (default: %(default)s)'
-        return text
-
-
 def _core_flags(p, script):
     d = SCRIPT_DEFAULTS[script]
     run = p.add_argument_group('run')
@@ -80,7 +62,7 @@ def _core_flags(p, script):
     run.add_argument('--save_folder', default='./save', help='root of the run folders')
     run.add_argument('--syncBN', action='store_true', help='synchronized BatchNorm across torchrun processes (CUDA)')
     data = p.add_argument_group('data')
-    data.add_argument('--dataset', choices=DATASETS, default='digits', help='the dataset (table: data.DATASETS)')
+    data.add_argument('--dataset', choices=DATASETS, default='digits', help='the dataset (the table: data/sources.py)')
     data.add_argument('--data_folder', default=None, help='where the dataset\'s files are (default: ./datasets/)')
     data.add_argument('--mean', type=floats, default=None, help='per-channel mean, e.g. "(0.5, 0.5, 0.5)" '
                                                                  '(default: the dataset\'s)')
@@ -90,18 +72,6 @@ def _core_flags(p, script):
     data.add_argument('--batch_size', type=int, default=256, help='batch size (the global batch under torchrun)')
     data.add_argument('--num_workers', type=int, default=16, help='data loading workers (capped at the CPU count)')
     model = p.add_argument_group('model and loss')
-    model.add_argument('--model', type=model_name, default=None,
-                       metavar='{' + ','.join(sorted(MODELS)) + ',timm:NAME}',
-                       help='encoder: one of ours, or any timm model by name (timm:vit_small_patch16_224, '
-                            'timm:convnext_tiny, ...; no pretrained weights) (default: resnet_tiny for digits, '
-                            'resnet50 otherwise; main_linear.py: the checkpoint\'s)')
-    model.add_argument('--stem', choices=STEMS, default=None,
-                       help='our ResNets\' first layers: cifar (3x3 conv, stride 1) or imagenet (7x7 conv, stride 2, '
-                            'max-pool) (default: imagenet from --size 128 up, else cifar; main_linear.py: the '
-                            'checkpoint\'s)')
-    model.add_argument('--model_args', default='',
-                       help='timm models: key=value pairs for timm.create_model, e.g. "depth=2,patch_size=8" '
-                            '(main_linear.py: the checkpoint\'s)')
     if script == 'supcon':
         model.add_argument('--method', choices=list(METHODS), default='SupCon',
                            help='; '.join(f'{m.name}: {m.help}' for m in METHODS.values() if m.help))
@@ -129,13 +99,6 @@ def _core_flags(p, script):
                        help='step decay factor; with --cosine the final learning rate is lr * rate^3')
     optim.add_argument('--weight_decay', type=float, default=d['weight_decay'], help='weight decay')
     optim.add_argument('--momentum', type=float, default=0.9, help='SGD momentum')
-
-
-def model_name(text):
-    """``--model``'s type: one of our encoders or ``timm:<name>``."""
-    if not is_model_name(text):
-        raise argparse.ArgumentTypeError(f'{text!r} is not one of {", ".join(sorted(MODELS))}, nor timm:<name>')
-    return text
 
 
 def build_parser(script):
@@ -188,8 +151,6 @@ def validate(opt, script, given):
     if script == 'linear':
         check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
         check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
-    if opt.model is not None:
-        _check_model(opt.model, opt.stem, opt.model_args, opt.size, given)
     info = dataset_info(opt.dataset)
     if info.mean_std is None:
         check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
@@ -229,91 +190,6 @@ def run_name(opt, script):
     return name + (f'_seed_{opt.seed}' if opt.seed else '')
 
 
-def encoder_tag(model, stem, size, model_args):
-    """The encoder's part of a run name: the model (``timm:`` as ``timm-``), a stem other than the size's default,
-    and timm's arguments (``depth=2,patch_size=8`` as ``depth-2_patch_size-8``)."""
-    tag = model.replace(':', '-')
-    if stem is not None and stem != default_stem(size):
-        tag += f'_stem_{stem}'
-    if model_args:
-        tag += '_' + model_args.replace('=', '-').replace(',', '_').replace('/', '-')
-    return tag
-
-
-NAME_MAX = 255     # bytes of one file name on common file systems (ext4, XFS, APFS, NTFS)
-HASH_CHARS = 12
-
-
-def fit_name(name, limit=NAME_MAX):
-    """``name`` if it fits in ``limit`` bytes; otherwise its first bytes and ``_`` and the first 12 hex digits of its
-    SHA-1 (stable: the same settings always give the same folder, and different ones differ). The full name is
-    in the folder's ``run.json`` (``engine.prepare_run_folder``)."""
-    encoded = name.encode()
-    if len(encoded) <= limit:
-        return name
-    digest = hashlib.sha1(encoded).hexdigest()[:HASH_CHARS]
-    head = encoded[:limit - HASH_CHARS - 1].decode(errors='ignore')
-    return f'{head}_{digest}'
-
-
-# How a stage-1 encoder saw its images: main_linear.py takes these (and --model) from its --ckpt
-STAGE1_INPUT = ('model', 'stem', 'model_args', 'size', 'mean', 'std')
-
-
-def default_stem(size):
-    """``--stem`` when not given: the ImageNet stem from 128 px up (a quarter of the resolution), else CIFAR's."""
-    return 'imagenet' if size >= 128 else 'cifar'
-
-
-def _check_model(model, stem, model_args, size, given):
-    """The encoder's flags: a timm name that exists, ``--stem`` for our ResNets only, ``--model_args`` that parse, are
-    for timm models only and that timm accepts for ``--size`` images (networks.timm_problem)."""
-    try:
-        parse_model_args(model_args)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if model.startswith('timm:'):
-        check('stem' not in given, f'--stem is for our ResNets; {model} has its own first layers')
-        import timm
-        check(timm.is_model(model[len('timm:'):]), f'timm has no model {model[len("timm:"):]!r} '
-                                                  '(python -c "import timm; print(timm.list_models())")')
-        problem = timm_problem(model[len('timm:'):], size, model_args)
-        check(problem is None, problem)
-    else:
-        check(not model_args, f'--model_args is for timm models (timm:<name>), not {model}')
-
-
-def adopt_stage1_settings(opt, given):
-    """main_linear.py: ``--model``, ``--size``, ``--mean`` and ``--std`` as the stage-1 checkpoint's configuration
-    has them (its dataset's normalization when it used the default); a different value given on the command line
-    is a one-line error. Without ``--dataset`` (and ``--data_folder``) the encoder is evaluated on the dataset it was
-    trained on, not on the flag's default. Checkpoints without a configuration (SupContrast's) leave the flags as
-    they are."""
-    config = load_checkpoint(opt.ckpt, 'stage-1 checkpoint (--ckpt)').get('config') or {}
-    if 'dataset' not in given and config.get('dataset') in DATASETS:     # not digits, the flag's default, silently
-        opt.dataset = dataset_info(config['dataset']).labelled or config['dataset']    # stl10_unlabeled: stl10
-        if 'data_folder' not in given and config.get('data_folder') is not None:
-            opt.data_folder = config['data_folder']
-    saved = {key: config.get(key) for key in STAGE1_INPUT}
-    if config and 'stem' not in config:               # written before --stem existed: every ResNet had CIFAR's
-        saved['stem'] = 'cifar'
-    if config and saved['model_args'] is None:
-        saved['model_args'] = ''
-    if str(saved.get('model') or '').startswith('timm:'):
-        saved['stem'] = None
-    if config.get('dataset') in DATASETS and dataset_info(config['dataset']).mean_std is not None:
-        saved['mean'], saved['std'] = mean_std(config['dataset'], config.get('mean'), config.get('std'))
-    for key, value in saved.items():
-        if value is None:
-            continue
-        value = tuple(value) if isinstance(value, list) else value
-        now = getattr(opt, key)
-        check(key not in given or now == value or (isinstance(value, tuple) and tuple(now) == value),
-              f'--{key} {now} contradicts the stage-1 checkpoint {opt.ckpt}, whose encoder was trained with '
-              f'{value}: leave --{key} out')
-        setattr(opt, key, value)
-
-
 def parse_option(script, argv=None):
     """Parse, fill dataset- and method-dependent defaults, validate, and name the run folder.
 
@@ -347,32 +223,4 @@ def parse_option(script, argv=None):
     return opt
 
 
-# What may differ when a run is resumed: flags that do not change what is learned (a longer --epochs is how a
-# run is extended), the features' own (``Feature.resume_may_change``: e.g. --amp, --channels_last and
-# --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe
-# this process rather than the experiment.
-RESUME_MAY_CHANGE = {'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder', 'save_folder',
-                     'resume', 'trial', 'script', 'run_folder', 'run_name', 'world_size', 'rank', 'local_batch_size',
-                     *(name for feature in FEATURES for name in feature.resume_may_change)}
 
-
-def resume_conflicts(saved_config, opt, holder='the checkpoint'):
-    """``['--flag: the checkpoint has A, now B', ...]`` for the experiment-defining flags where the
-    checkpoint's (``holder``'s) configuration and this command line differ (keys missing on either side are
-    skipped)."""
-    now = config_dict(opt)
-    return [f'--{key}: {holder} has {saved_config[key]!r}, now {now[key]!r}'
-            for key in sorted(set(now) & set(saved_config) - RESUME_MAY_CHANGE) if saved_config[key] != now[key]]
-
-
-def config_dict(opt):
-    """The options as a plain dict of str/int/float/bool/list (safe for ``weights_only`` loading)."""
-    out = {}
-    for key, value in vars(opt).items():
-        if isinstance(value, tuple):
-            value = list(value)
-        if isinstance(value, (str, int, float, bool, list)) or value is None:
-            out[key] = value
-        else:
-            out[key] = str(value)
-    return out

@@ -2,6 +2,7 @@
 progress bars, meters and top-k accuracy, per-epoch logging (:class:`RunLogger`). Devices, precision, seeds and
 RNG states live in ``runtime.py``; the learning-rate schedule and the optimizer in ``schedule.py``."""
 import csv
+import hashlib
 import os
 import re
 import signal
@@ -256,3 +257,20 @@ class RunLogger:
 
     def close(self):
         self.writer.close()
+
+
+# ---------------------------------------------------------------- run folder names (options.run_name)
+NAME_MAX = 255     # bytes of one file name on common file systems (ext4, XFS, APFS, NTFS)
+HASH_CHARS = 12
+
+
+def fit_name(name, limit=NAME_MAX):
+    """``name`` if it fits in ``limit`` bytes; otherwise its first bytes and ``_`` and the first 12 hex digits of its
+    SHA-1 (stable: the same settings always give the same folder, and different ones differ). The full name is
+    in the folder's ``run.json`` (``engine.prepare_run_folder``)."""
+    encoded = name.encode()
+    if len(encoded) <= limit:
+        return name
+    digest = hashlib.sha1(encoded).hexdigest()[:HASH_CHARS]
+    head = encoded[:limit - HASH_CHARS - 1].decode(errors='ignore')
+    return f'{head}_{digest}'

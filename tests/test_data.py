@@ -1,5 +1,5 @@
-"""data.py: long-tailed subsets, coarse labels, and the dataset table through the real scripts
-(generated CIFAR files and ImageFolder trees)."""
+"""data/ (sources, folders, labels, views, loaders): long-tailed subsets, coarse labels, and the dataset table
+through the real scripts (generated CIFAR files and ImageFolder trees)."""
 import os
 
 import numpy as np

@@ -342,7 +342,7 @@ def test_two_runs_started_at_once_on_one_folder(tmp_path):
 
 
 def test_fit_name_keeps_names_within_the_file_system_limit():
-    from options import fit_name
+    from util import fit_name
     assert fit_name('short') == 'short'
     long_a, long_b = 'a' * 300, 'a' * 299 + 'b'
     assert len(fit_name(long_a).encode()) == 255 and fit_name(long_a) == fit_name('a' * 300)

@@ -21,9 +21,11 @@ def stated_layers():
 
 
 def project_modules():
-    """``{module name: [source files]}``: the top-level modules and the ``networks`` package."""
+    """``{module name: [source files]}``: the top-level modules and the packages (``networks``, ``data``)."""
     modules = {p.stem: [p] for p in ROOT.glob('*.py')}
-    modules['networks'] = sorted((ROOT / 'networks').glob('*.py'))
+    for package in ROOT.glob('*/__init__.py'):
+        if package.parent.name not in ('tests', 'benchmarks'):
+            modules[package.parent.name] = sorted(package.parent.glob('*.py'))
     return modules
 
 
