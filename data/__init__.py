@@ -10,7 +10,7 @@
 
 The scripts import what they use from ``data`` itself (the names below).
 """
-from .folders import IMAGENET100_CLASSES, CachedImages, cached_images, load_image, to_rgb
+from .folders import CachedImages, cached_images, load_image, to_rgb
 from .labels import (
     LABEL_FRACTION,
     LABEL_NOISE,
@@ -39,6 +39,7 @@ from .sources import (
     DATASETS,
     DIGITS_COARSE,
     DIGITS_SUPERCLASSES,
+    IMAGENET100_CLASSES,
     STL10,
     DatasetInfo,
     Digits,

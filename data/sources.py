@@ -3,7 +3,7 @@ held in memory as one uint8 array: ``digits`` (scikit-learn's 1,797 bundled 8x8 
 80/20 split, upsampled to ``--size`` and made RGB), CIFAR-10/100 (torchvision's python-version files under
 ``--data_folder``, downloaded when possible), STL-10 (its binary files). Every reader checks what it reads (counts
 that match, labels in range, sizes that fit) and says what is wrong in one line naming the file. The image-file
-datasets' readers are in ``data/folders.py``.
+datasets' readers are in ``data/folders.py``; their loaders (a few lines each) are here, beside their rows.
 
 Adding a dataset: a loader function ``(data_folder, size, train, transform) -> dataset with targets and classes``
 and one row of ``DATASETS`` (docs/DEVELOPING.md, "Adding a dataset").
@@ -22,7 +22,7 @@ from torchvision import datasets
 from distributed import barrier, is_main
 from flags import UserError
 
-from .folders import _imagenet100, _path, _tinyimagenet
+from .folders import TinyImageNetVal, _class_folders, _image_folder
 
 # CIFAR-100's 20 superclasses (Krizhevsky 2009), 5 fine classes each. Fine and coarse indices are
 # the alphabetical orders of the names, as in the dataset's meta file.
@@ -245,6 +245,47 @@ def _stl10(data_folder, size, train, transform, unlabeled=False):
 
 def _digits(data_folder, size, train, transform):
     return Digits(train=train, size=size, transform=transform)
+
+
+# ---------------------------------------------------------------- the image-file datasets' loaders (data/folders.py)
+def _path(data_folder, size, train, transform):
+    ds = _image_folder(data_folder, 'train' if train else 'val', transform)
+    if not train:
+        ref = _image_folder(data_folder, 'train', None)
+        if ds.classes != ref.classes:
+            raise UserError(f'train/ and val/ in {data_folder} have different class folders')
+    return ds
+
+
+# The 100 ImageNet classes of Tian et al.'s CMC ("Contrastive Multiview Coding", ECCV 2020; its imagenet100.txt),
+# the ImageNet-100 of the contrastive literature
+IMAGENET100_CLASSES = (
+    'n02869837 n01749939 n02488291 n02107142 n13037406 n02091831 n04517823 n04589890 n03062245 n01773797 n01735189 '
+    'n07831146 n07753275 n03085013 n04485082 n02105505 n01983481 n02788148 n03530642 n04435653 n02086910 n02859443 '
+    'n13040303 n03594734 n02085620 n02099849 n01558993 n04493381 n02109047 n04111531 n02877765 n04429376 n02009229 '
+    'n01978455 n02106550 n01820546 n01692333 n07714571 n02974003 n02114855 n03785016 n03764736 n03775546 n02087046 '
+    'n07836838 n04099969 n04592741 n03891251 n02701002 n03379051 n02259212 n07715103 n03947888 n04026417 n02326432 '
+    'n03637318 n01980166 n02113799 n02086240 n03903868 n02483362 n04127249 n02089973 n03017168 n02093428 n02804414 '
+    'n02396427 n04418357 n02172182 n01729322 n02113978 n03787032 n02089867 n02119022 n03777754 n04238763 n02231487 '
+    'n03032252 n02138441 n02104029 n03837869 n03494278 n04136333 n03794056 n03492542 n02018207 n04067472 n03930630 '
+    'n03584829 n02123045 n04229816 n02100583 n03642806 n04336792 n03259280 n02116738 n02108089 n03424325 n01855672 '
+    'n02090622').split()
+
+
+def _imagenet100(data_folder, size, train, transform):
+    return _class_folders(data_folder, 'train' if train else 'val', transform, IMAGENET100_CLASSES, 'imagenet100')
+
+
+def _tinyimagenet(data_folder, size, train, transform):
+    """Tiny ImageNet (200 classes, 64 px) as distributed (``train/<wnid>/images``, ``val/images`` with
+    ``val/val_annotations.txt``), or with ``val/`` already sorted into class folders."""
+    train_set = _class_folders(data_folder, 'train', transform if train else None, None, 'tinyimagenet')
+    if train:
+        return train_set
+    val = os.path.join(data_folder, 'val')
+    if os.path.isfile(os.path.join(val, 'val_annotations.txt')):
+        return TinyImageNetVal(val, train_set.classes, transform)
+    return _class_folders(data_folder, 'val', transform, train_set.classes, 'tinyimagenet')
 
 
 @dataclass(frozen=True)
