@@ -1,0 +1,141 @@
+"""The pre-trained encoder alone, in the formats other tools load: no projection head, no classifier, no optimizer.
+
+    python export.py --ckpt save/SupCon/cifar10/<run>/last.pth --out exported/
+
+writes into ``--out``:
+
+- ``encoder.safetensors`` and ``encoder.pth`` (a plain ``state_dict``): the encoder's weights. For our ResNets the
+  keys are torchvision's (``torchvision.models.resnet18/34/50/101``: our ``shortcut`` is its ``downsample``); a run
+  with the CIFAR stem (a 3x3 convolution of stride 1, no max-pool) loads after the model's stem is replaced the same
+  way (``card.json``'s ``load`` says how). For ``timm:<name>`` the keys are timm's, for
+  ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...), num_classes=0, ...)``.
+- ``card.json``: the model, stem, image size, normalization, method, dataset, epochs trained (and whether the run
+  had finished), the test accuracy when the run folder has a ``results.json``, the commit, and how to load it.
+
+A run that is not finished is exported with a line and ``"finished": false`` in the card; bad input is one line.
+"""
+import json
+import os
+import subprocess
+
+import torch
+
+from checkpoint import clean_state_dict, load_checkpoint
+from data import DATASETS, mean_std
+from flags import Parser, UserError
+from networks import MODELS, build_encoder
+from util import run_cli, writable_folder
+
+TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name
+CIFAR_STEM = 'model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()'
+
+
+def encoder_state(ckpt, path):
+    """The encoder's weights of a checkpoint of any of the three scripts (``encoder.`` keys)."""
+    state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items() if k.startswith('encoder.')}
+    if not state:
+        raise UserError(f'{path} holds no encoder weights (no "encoder." keys): is it a stage-1 or main_ce.py '
+                        'checkpoint?')
+    return state
+
+
+def torchvision_keys(state):
+    """Our ResNet's keys as torchvision names them (``shortcut`` is ``downsample``)."""
+    return {k.replace('.shortcut.', '.downsample.'): v.contiguous() for k, v in state.items()}
+
+
+def load_instructions(model, stem, size, model_args, file):
+    if model.startswith('timm:'):
+        extra = ''.join(f', {k}={v!r}' for k, v in _model_args(model_args).items())
+        size_arg = f', img_size={size}' if 'vit' in model or 'deit' in model else ''
+        return (f'timm.create_model({model[len("timm:"):]!r}, pretrained=True, pretrained_cfg_overlay=dict('
+                f'file={file!r}), num_classes=0{size_arg}{extra})')
+    if model in TORCHVISION:
+        steps = f'model = torchvision.models.{model}(); model.fc = torch.nn.Identity(); '
+        if stem == 'cifar':
+            steps += CIFAR_STEM + '; '
+        return steps + f'model.load_state_dict(safetensors.torch.load_file({file!r}))'
+    return f'networks.build_encoder({model!r}, stem={stem!r}, size={size}) of this repository, then load_state_dict'
+
+
+def _model_args(text):
+    from networks import parse_model_args
+    return parse_model_args(text or '')
+
+
+def commit():
+    try:
+        out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=os.path.dirname(os.path.abspath(__file__)),
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def test_accuracy(run_folder):
+    path = os.path.join(run_folder, 'results.json')
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get('final_test_acc')
+
+
+def export(ckpt_path, out):
+    """Write the encoder of ``ckpt_path`` into the folder ``out``; returns the card."""
+    from safetensors.torch import save_file
+    ckpt = load_checkpoint(ckpt_path, '--ckpt')
+    config = ckpt['config']
+    model = config.get('model')
+    if not model or not (model in MODELS or model.startswith('timm:')):
+        raise UserError(f'{ckpt_path} does not say which encoder it holds (its configuration has no model): '
+                        'export checkpoints of this project')
+    stem, size, model_args = config.get('stem') or 'cifar', config.get('size') or 32, config.get('model_args') or ''
+    state = encoder_state(ckpt, ckpt_path)
+    encoder, dim = build_encoder(model, stem=stem, size=size, model_args=model_args)
+    try:
+        encoder.load_state_dict(state)
+    except RuntimeError:
+        raise UserError(f'{ckpt_path}\'s encoder weights do not match a {model} encoder') from None
+    if model in MODELS:
+        state = torchvision_keys(state)
+    state = {k: v.detach().contiguous() for k, v in state.items()}
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f'--out {out} is a file: give a folder')
+    if os.path.isfile(os.path.join(out, 'card.json')):
+        raise UserError(f'{out} already holds an export (card.json): choose another --out')
+    writable_folder(out, '--out')
+    save_file(state, os.path.join(out, 'encoder.safetensors'))
+    torch.save(state, os.path.join(out, 'encoder.pth'))
+    epochs_done, epochs = int(ckpt.get('epoch', 0)), config.get('epochs')
+    dataset = config.get('dataset')
+    mean, std = mean_std(dataset, config.get('mean'), config.get('std')) if dataset in DATASETS else (
+        config.get('mean'), config.get('std'))
+    card = {'model': model, 'stem': None if model.startswith('timm:') else stem, 'size': size,
+            'model_args': model_args, 'feature_dim': dim, 'mean': list(mean) if mean else None,
+            'std': list(std) if std else None, 'method': config.get('method') or (
+                'CE' if config.get('script') == 'ce' else None), 'script': config.get('script'),
+            'dataset': dataset, 'epochs_trained': epochs_done, 'epochs': epochs,
+            'finished': epochs is None or epochs_done >= epochs,
+            'test_acc': test_accuracy(os.path.dirname(os.path.abspath(ckpt_path))),
+            'checkpoint': os.path.abspath(ckpt_path), 'commit': commit(),
+            'keys': 'torchvision' if model in TORCHVISION else 'timm' if model.startswith('timm:') else 'this repo',
+            'load': load_instructions(model, stem, size, model_args, 'encoder.safetensors')}
+    with open(os.path.join(out, 'card.json'), 'w') as f:
+        json.dump(card, f, indent=2)
+    return card
+
+
+def main(argv=None):
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument('--ckpt', required=True, help='a checkpoint of main_supcon.py or main_ce.py (e.g. <run>/last.pth)')
+    p.add_argument('--out', required=True, help='the folder to write encoder.safetensors, encoder.pth, card.json into')
+    args = p.parse_args(argv)
+    card = export(args.ckpt, args.out)
+    if not card['finished']:
+        print(f'note: the run is not finished (epoch {card["epochs_trained"]} of {card["epochs"]}): the card says so')
+    print(f'exported the {card["model"]} encoder ({card["feature_dim"]} features, {card["keys"]} keys) to '
+          f'{args.out}: encoder.safetensors, encoder.pth, card.json')
+
+
+if __name__ == '__main__':
+    run_cli(main)

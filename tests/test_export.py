@@ -1,0 +1,88 @@
+"""export.py: the encoder alone as safetensors and a plain state_dict with a card; loaded into torchvision's ResNets
+(the CIFAR stem replaced as the card says) and into timm, each gives our encoder's features on the same images."""
+import json
+import os
+
+import pytest
+import torch
+
+import export
+from helpers import assert_one_line_error, run_in_process, run_script
+from networks import SupConResNet
+
+
+def saved_run(tmp_path, name, epoch=2, epochs=2, **kw):
+    """A checkpoint of a SupCon run of ``name`` as main_supcon.py writes it (model, config, epoch)."""
+    torch.manual_seed(0)
+    model = SupConResNet(name, **kw)
+    with torch.no_grad():            # BatchNorm statistics that are not the defaults
+        model.train()(torch.randn(4, 3, kw['size'], kw['size']))
+    config = {'model': name, 'stem': kw.get('stem'), 'size': kw['size'], 'model_args': kw.get('model_args', ''),
+              'dataset': 'digits', 'epochs': epochs, 'script': 'supcon', 'method': 'SupCon'}
+    path = tmp_path / f'{name.replace(":", "_")}.pth'
+    torch.save({'model': model.state_dict(), 'config': config, 'epoch': epoch}, path)
+    return path, model.eval()
+
+
+@pytest.mark.parametrize('name, stem, size', [('resnet18', 'cifar', 32), ('resnet50', 'imagenet', 64)])
+def test_our_resnets_load_into_torchvision(tmp_path, name, stem, size):
+    import safetensors.torch
+    import torchvision
+    path, model = saved_run(tmp_path, name, stem=stem, size=size)
+    card = export.export(str(path), str(tmp_path / 'out'))
+    assert card['keys'] == 'torchvision' and card['finished'] and card['feature_dim'] == model.dim
+    tv = getattr(torchvision.models, name)()
+    tv.fc = torch.nn.Identity()
+    if stem == 'cifar':               # as the card's "load" says
+        assert export.CIFAR_STEM in card['load']
+        tv.conv1, tv.maxpool = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False), torch.nn.Identity()
+    tv.load_state_dict(safetensors.torch.load_file(tmp_path / 'out' / 'encoder.safetensors'))   # strict: every key
+    x = torch.randn(3, 3, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(tv.eval()(x), model.encoder(x), rtol=1e-5, atol=1e-5)
+    plain = torch.load(tmp_path / 'out' / 'encoder.pth', weights_only=True)
+    assert plain.keys() == safetensors.torch.load_file(tmp_path / 'out' / 'encoder.safetensors').keys()
+
+
+def test_a_timm_model_loads_into_timm(tmp_path):
+    import timm
+    args = dict(size=16, model_args='depth=1,patch_size=4')
+    path, model = saved_run(tmp_path, 'timm:vit_tiny_patch16_224', **args)
+    card = export.export(str(path), str(tmp_path / 'out'))
+    assert card['keys'] == 'timm' and 'pretrained_cfg_overlay' in card['load']
+    loaded = timm.create_model('vit_tiny_patch16_224', pretrained=True, num_classes=0, img_size=16, depth=1,
+                               patch_size=4,
+                               pretrained_cfg_overlay=dict(file=str(tmp_path / 'out' / 'encoder.safetensors')))
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(x), model.encoder(x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_unfinished_run_says_so_and_bad_input_is_one_line(tmp_path):
+    path, _ = saved_run(tmp_path, 'resnet18', epoch=1, epochs=5, stem='cifar', size=32)
+    out = run_in_process('export.py', '--ckpt', path, '--out', tmp_path / 'out')
+    assert out.returncode == 0 and 'not finished (epoch 1 of 5)' in out.stdout
+    with open(tmp_path / 'out' / 'card.json') as f:
+        card = json.load(f)
+    assert card['finished'] is False and card['epochs_trained'] == 1 and card['model'] == 'resnet18'
+    assert_one_line_error(run_in_process('export.py', '--ckpt', path, '--out', tmp_path / 'out'),
+                          'already holds an export')
+    assert_one_line_error(run_in_process('export.py', '--ckpt', tmp_path / 'none.pth', '--out', tmp_path / 'o2'),
+                          'not found')
+    (tmp_path / 'file').write_text('x')
+    assert_one_line_error(run_in_process('export.py', '--ckpt', path, '--out', tmp_path / 'file'), 'is a file')
+    torch.save({'model': {'fc.weight': torch.zeros(2, 2)}, 'config': {'model': 'resnet18'}}, tmp_path / 'lin.pth')
+    assert_one_line_error(run_in_process('export.py', '--ckpt', tmp_path / 'lin.pth', '--out', tmp_path / 'o3'),
+                          'no encoder weights')
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('tiny')
+def test_export_of_a_real_run(tiny_ckpt, tmp_path):
+    """Through the real script, on a run of main_supcon.py (resnet_tiny: this repository's keys)."""
+    out = run_script('export.py', '--ckpt', tiny_ckpt, '--out', tmp_path / 'out')
+    assert 'exported the resnet_tiny encoder' in out.stdout
+    with open(tmp_path / 'out' / 'card.json') as f:
+        card = json.load(f)
+    assert card['keys'] == 'this repo' and card['finished'] and card['dataset'] == 'digits' and card['size'] == 8
+    assert sorted(os.listdir(tmp_path / 'out')) == ['card.json', 'encoder.pth', 'encoder.safetensors']
