@@ -411,9 +411,9 @@ def write_results(opt, last, best, select, **extra):
 # run is extended), the features' own (``Feature.resume_may_change``: e.g. --amp, --channels_last and
 # --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe
 # this process rather than the experiment.
-RESUME_MAY_CHANGE = {'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder', 'save_folder',
-                     'resume', 'trial', 'script', 'run_folder', 'run_name', 'world_size', 'rank', 'local_batch_size',
-                     *(name for feature in FEATURES for name in feature.resume_may_change)}
+RESUME_MAY_CHANGE = {'config', 'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder',
+                     'save_folder', 'resume', 'trial', 'script', 'run_folder', 'run_name', 'world_size', 'rank',
+                     'local_batch_size', *(name for feature in FEATURES for name in feature.resume_may_change)}
 
 
 def resume_conflicts(saved_config, config, holder='the checkpoint'):

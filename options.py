@@ -15,6 +15,7 @@ script (``FIELD_DEFAULTS``: every flag of every script), so code reads ``opt.x``
 import argparse
 import math
 import os
+import sys
 
 from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info
 from encoders import ENCODER, adopt_stage1_settings, default_stem, encoder_tag
@@ -23,6 +24,7 @@ from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
 from probes import FINETUNE, LINEAR_PROBE, PROBES
+from recipe import config_argv, config_path
 from runtime import COMPILE, PRECISION, REPRODUCIBILITY
 from schedule import OPTIMIZER, SCHEDULE
 from steps import CARROT_FLAGS, CE_LOSS, CHUNKS, ONE_STAGE
@@ -60,6 +62,9 @@ def _core_flags(p, script):
     run.add_argument('--device', default='auto', help='auto (cuda if available), cpu, cuda, cuda:N')
     run.add_argument('--resume', default='', help='checkpoint (e.g. <run>/last.pth) to continue from')
     run.add_argument('--save_folder', default='./save', help='root of the run folders')
+    run.add_argument('--config', default=None,
+                     help='a YAML recipe (configs/) or a run\'s run.json: its keys are flag names; flags on the '
+                          'command line override it')
     run.add_argument('--syncBN', action='store_true', help='synchronized BatchNorm across torchrun processes (CUDA)')
     data = p.add_argument_group('data')
     data.add_argument('--dataset', choices=DATASETS, default='digits', help='the dataset (the table: data/sources.py)')
@@ -125,6 +130,7 @@ def given_flags(script, argv):
 # Every field of every script: what a script without a flag reads, and the run's set-up (``engine.setup``).
 FIELD_DEFAULTS = {**{k: v for script in SCRIPTS for k, v in vars(build_parser(script).parse_args([])).items()},
                   'method': None, 'world_size': 1, 'rank': 0}
+SCRIPT_FLAGS = {script: {a.dest for a in build_parser(script)._actions if a.option_strings} for script in SCRIPTS}
 # float flags that may be infinite (every other float flag must be a finite number)
 MAY_BE_INFINITE = {dest(flag) for feature in FEATURES for flag, kw in feature.flags.items() if kw.get('infinite_ok')}
 
@@ -195,6 +201,9 @@ def parse_option(script, argv=None):
 
     Nothing here touches a device or a process group (``engine.setup(opt)`` does); the only file read is
     main_linear.py's ``--ckpt`` configuration (:func:`adopt_stage1_settings`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if config_path(argv):                    # --config FILE: its flags first, the command line's after them
+        argv = [*config_argv(config_path(argv), script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS), *argv]
     opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(build_parser(script).parse_args(argv))})
     given = given_flags(script, argv)
     opt.script = script

@@ -8,12 +8,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 KIND="${1:?usage: carrot_cifar.sh supcon|rascal|ce [dataset] [flags]}"; shift
 DATASET="${1:-cifar10}"; shift || true
 case "$KIND" in
-    supcon|rascal)
-        METHOD=SupCon; [ "$KIND" = rascal ] && METHOD=RASCAL
-        "$PY" main_supcon.py --dataset "$DATASET" --model resnet50 --batch_size 1024 --learning_rate 0.5 \
-            --temp 0.1 --cosine --method "$METHOD" --carrot "$@" ;;
-    ce)
-        "$PY" main_ce.py --dataset "$DATASET" --model resnet50 --batch_size 1024 --learning_rate 0.8 \
-            --cosine --carrot "$@" ;;
+    supcon|rascal) "$PY" main_supcon.py --config "configs/carrot_${KIND}_cifar.yaml" --dataset "$DATASET" "$@" ;;
+    ce) "$PY" main_ce.py --config configs/carrot_ce_cifar.yaml --dataset "$DATASET" "$@" ;;
     *) echo "carrot_cifar.sh: error: first argument must be supcon, rascal or ce" >&2; exit 2 ;;
 esac

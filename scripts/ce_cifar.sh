@@ -5,5 +5,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 DATASET="${1:-cifar10}"; shift || true
-"$PY" main_ce.py --dataset "$DATASET" --model resnet50 --batch_size 1024 \
-    --learning_rate 0.8 --cosine "$@"
+"$PY" main_ce.py --config configs/ce_cifar.yaml --dataset "$DATASET" "$@"

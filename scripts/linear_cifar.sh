@@ -5,4 +5,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 CKPT="${1:?usage: linear_cifar.sh CKPT [cifar10|cifar100] [flags]}"; shift
 DATASET="${1:-cifar10}"; shift || true
-"$PY" main_linear.py --dataset "$DATASET" --batch_size 512 --learning_rate 5 --ckpt "$CKPT" "$@"
+"$PY" main_linear.py --config configs/linear_cifar.yaml --dataset "$DATASET" --ckpt "$CKPT" "$@"

@@ -4,5 +4,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 DATASET="${1:-cifar10}"; shift || true
-"$PY" main_supcon.py --dataset "$DATASET" --model resnet50 --batch_size 1024 \
-    --learning_rate 0.5 --temp 0.1 --cosine --method RASCAL "$@"
+"$PY" main_supcon.py --config configs/rascal_cifar.yaml --dataset "$DATASET" "$@"

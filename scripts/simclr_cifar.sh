@@ -5,5 +5,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 DATASET="${1:-cifar10}"; shift || true
-"$PY" main_supcon.py --dataset "$DATASET" --model resnet50 --batch_size 1024 \
-    --learning_rate 0.5 --temp 0.5 --cosine --method SimCLR "$@"
+"$PY" main_supcon.py --config configs/simclr_cifar.yaml --dataset "$DATASET" "$@"

@@ -6,5 +6,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 DATASET="${1:-cifar10}"; shift || true
-"$PY" main_supcon.py --dataset "$DATASET" --model resnet50 --batch_size 256 --queue_size 8192 --moco_m 0.999 \
-    --learning_rate 0.5 --temp 0.1 --cosine --method SupCon "$@"
+"$PY" main_supcon.py --config configs/supcon_queue_cifar.yaml --dataset "$DATASET" "$@"
