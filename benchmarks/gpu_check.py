@@ -391,6 +391,8 @@ def forked(fn, args, log, timeout):
     """``fn(*args)`` in a forked child (the imports are the parent's; the child alone touches CUDA), its output into
     ``log``; returns its JSON-able result, or raises ``RuntimeError`` with the output's last lines."""
     result = tempfile.NamedTemporaryFile(suffix='.json', delete=False).name
+    sys.stdout.flush()                              # the child must not print the parent's buffered output again
+    sys.stderr.flush()
     pid = os.fork()
     if pid == 0:                                    # the child
         code = 1
