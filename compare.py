@@ -17,7 +17,6 @@ and whether that interval excludes 0. Seeds-matched differences remove the share
 gives both methods alike (the data order, the initialization), which unpaired mean ± std columns keep.
 """
 import argparse
-import csv
 import glob
 import json
 import math
@@ -26,7 +25,7 @@ import sys
 
 from flags import UserError
 from monitors import CollapseWatch
-from util import run_cli, writable_folder
+from util import read_metrics, run_cli, writable_folder
 
 COLUMNS = [('final_test_acc', 'test top-1 (%)', 2), ('final_test_ece', 'ECE', 4), ('final_test_nll', 'NLL', 4),
            ('final_test_many_acc', 'many-shot (%)', 2), ('final_test_medium_acc', 'medium-shot (%)', 2),
@@ -78,10 +77,7 @@ def add_training_metrics(path, results, names):
     """Copy the last ``metrics.csv`` row's ``names`` of the evaluated run into ``results`` (as
     ``train:<name>``), and ``train:warned`` (1 if the run wrote a collapse warning, else 0)."""
     folder = trained_run(path, results)
-    rows = []
-    if os.path.isfile(os.path.join(folder, 'metrics.csv')):
-        with open(os.path.join(folder, 'metrics.csv'), newline='') as f:
-            rows = list(csv.DictReader(f))
+    rows = read_metrics(folder)
     for name in names:
         if rows and rows[-1].get(name):
             results[f'train:{name}'] = float(rows[-1][name])

@@ -37,10 +37,11 @@ def default_stem(size):
 
 
 def _check_model(model, stem, model_args, size, given):
-    if model is None:          # main_linear.py before its checkpoint names one
-        return
     """The encoder's flags: a timm name that exists, ``--stem`` for our ResNets only, ``--model_args`` that parse, are
-    for timm models only and that timm accepts for ``--size`` images (networks.timm_problem)."""
+    for timm models only and that timm accepts for ``--size`` images (networks.timm_problem). Nothing to check in
+    main_linear.py before its checkpoint names the model."""
+    if model is None:
+        return
     try:
         parse_model_args(model_args)
     except ValueError as e:

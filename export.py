@@ -23,7 +23,7 @@ import torch
 from checkpoint import clean_state_dict, load_checkpoint
 from data import DATASETS, mean_std
 from flags import Parser, UserError
-from networks import MODELS, build_encoder
+from networks import MODELS, build_encoder, parse_model_args
 from util import run_cli, writable_folder
 
 TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name
@@ -44,10 +44,11 @@ def torchvision_keys(state):
     return {k.replace('.shortcut.', '.downsample.'): v.contiguous() for k, v in state.items()}
 
 
-def load_instructions(model, stem, size, model_args, file):
+def load_instructions(model, stem, img_size, model_args, file):
+    """How to load the exported weights, as one line of Python (the card's ``load``)."""
     if model.startswith('timm:'):
-        extra = ''.join(f', {k}={v!r}' for k, v in _model_args(model_args).items())
-        size_arg = f', img_size={size}' if 'vit' in model or 'deit' in model else ''
+        extra = ''.join(f', {k}={v!r}' for k, v in parse_model_args(model_args).items())
+        size_arg = f', img_size={img_size}' if img_size else ''
         return (f'timm.create_model({model[len("timm:"):]!r}, pretrained=True, pretrained_cfg_overlay=dict('
                 f'file={file!r}), num_classes=0{size_arg}{extra})')
     if model in TORCHVISION:
@@ -55,12 +56,7 @@ def load_instructions(model, stem, size, model_args, file):
         if stem == 'cifar':
             steps += CIFAR_STEM + '; '
         return steps + f'model.load_state_dict(safetensors.torch.load_file({file!r}))'
-    return f'networks.build_encoder({model!r}, stem={stem!r}, size={size}) of this repository, then load_state_dict'
-
-
-def _model_args(text):
-    from networks import parse_model_args
-    return parse_model_args(text or '')
+    return f'networks.build_encoder({model!r}, stem={stem!r}) of this repository, then load_state_dict'
 
 
 def commit():
@@ -119,7 +115,8 @@ def export(ckpt_path, out):
             'test_acc': test_accuracy(os.path.dirname(os.path.abspath(ckpt_path))),
             'checkpoint': os.path.abspath(ckpt_path), 'commit': commit(),
             'keys': 'torchvision' if model in TORCHVISION else 'timm' if model.startswith('timm:') else 'this repo',
-            'load': load_instructions(model, stem, size, model_args, 'encoder.safetensors')}
+            'load': load_instructions(model, stem, getattr(encoder, 'built_img_size', None), model_args,
+                                      'encoder.safetensors')}
     with open(os.path.join(out, 'card.json'), 'w') as f:
         json.dump(card, f, indent=2)
     return card

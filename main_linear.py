@@ -8,7 +8,6 @@ Reads checkpoints of this project (any of the three scripts' encoders) and of
 the original SupContrast. Prints the final and the best test top-1; with
 ``--val_split`` it also selects the epoch on held-out training data.
 """
-import csv
 import json
 import os
 
@@ -39,7 +38,7 @@ from options import parse_option
 from probes import few_shot_indices, linear_probe, within_superclass_accuracy
 from runtime import Runtime
 from schedule import Schedule, optimizer_for
-from util import accuracy, progress, run_cli
+from util import accuracy, progress, read_metrics, run_cli
 
 
 def within_superclass(frozen, coarse_of, k, t):
@@ -72,12 +71,6 @@ def few_shot(frozen, granularity, shots, draws, seed, k, t):
     print(f'{shots}-shot linear probe: {results["final_test_acc"]:.2f} ± {np.std(linear):.2f} over '
           f'{draws} draws; {shots}-shot kNN: {results["final_test_knn_acc"]:.2f} ± {np.std(knn):.2f}')
     return results
-
-
-def epoch_losses(run_folder):
-    """The mean training loss of every epoch of the run so far (its ``metrics.csv``, across resumes)."""
-    with open(os.path.join(run_folder, 'metrics.csv'), newline='') as f:
-        return [float(row['train/loss']) for row in csv.DictReader(f) if row.get('train/loss')]
 
 
 def main(argv=None):
@@ -169,7 +162,8 @@ def main(argv=None):
     if opt.within_superclass:
         extra['final_test_within_superclass_acc'] = superclass_probe()
     if is_main():           # a probe that diverged says so (its accuracy does not measure the encoder)
-        warning = probe_divergence(epoch_losses(opt.run_folder), n_cls, last.get('test/nll'))
+        losses = [float(row['train/loss']) for row in read_metrics(opt.run_folder) if row.get('train/loss')]
+        warning = probe_divergence(losses, n_cls, last.get('test/nll'))
         extra.update(probe_diverged=warning is not None, probe_warning=warning)
         if warning:
             print(f'warning: {warning}', flush=True)

@@ -202,8 +202,9 @@ def parse_option(script, argv=None):
     Nothing here touches a device or a process group (``engine.setup(opt)`` does); the only file read is
     main_linear.py's ``--ckpt`` configuration (:func:`adopt_stage1_settings`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if config_path(argv):                    # --config FILE: its flags first, the command line's after them
-        argv = [*config_argv(config_path(argv), script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS), *argv]
+    config = config_path(argv)
+    if config:                               # --config FILE: its flags first, the command line's after them
+        argv = [*config_argv(config, script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS), *argv]
     opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(build_parser(script).parse_args(argv))})
     given = given_flags(script, argv)
     opt.script = script

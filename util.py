@@ -195,6 +195,16 @@ def _write_csv(path, rows):
     os.replace(path + '.tmp', path)
 
 
+def read_metrics(folder):
+    """The rows of ``<folder>/metrics.csv`` (what :class:`RunLogger` writes) as dicts of strings; ``[]`` without the
+    file."""
+    path = os.path.join(folder, 'metrics.csv')
+    if not os.path.isfile(path):
+        return []
+    with open(path, newline='') as f:
+        return list(csv.DictReader(f))
+
+
 class RunLogger:
     """Per-epoch metrics to TensorBoard (``<run>/tensorboard``) and ``<run>/metrics.csv``.
 

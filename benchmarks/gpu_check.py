@@ -30,7 +30,6 @@ CUDA reports ``skipped: no CUDA`` when its CPU run worked (``failed`` when it di
 """
 import argparse
 import contextlib
-import csv
 import datetime
 import glob
 import json
@@ -281,9 +280,8 @@ def run_folder(save):
 
 
 def epoch_times(folder):
-    with open(os.path.join(folder, 'metrics.csv'), newline='') as f:
-        times = [float(r['train/epoch_time']) for r in csv.DictReader(f) if r.get('train/epoch_time')]
-    return times
+    from util import read_metrics
+    return [float(r['train/epoch_time']) for r in read_metrics(folder) if r.get('train/epoch_time')]
 
 
 def state_differences(a, b):

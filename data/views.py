@@ -7,7 +7,7 @@ import argparse
 from torchvision import transforms
 
 from flags import Feature, check
-from networks import timm_problem
+from networks import timm_problem, timm_sizes
 
 from .sources import dataset_info, mean_std
 
@@ -86,8 +86,8 @@ def _check_multicrop(num_small_crops, small_size, size, augment, chunk_size, que
     if small_size is None:
         small_size = max(4, round(size * 96 / 224))
         if timm:          # the nearest size below --size that the model takes (a ViT: a multiple of its patch)
-            fits = [s for s in sorted(range(1, size), key=lambda s: (abs(s - small_size), -s))[:16]
-                    if timm_problem(model[len('timm:'):], size, model_args, (s,)) is None]
+            near = tuple(sorted(range(1, size), key=lambda s: (abs(s - small_size), -s))[:16])
+            fits = timm_sizes(model[len('timm:'):], size, model_args, near)
             check(fits, f'{model} takes no small-view size near {small_size} (below --size {size}): give '
                         f'--small_size')
             small_size = fits[0]

@@ -11,7 +11,9 @@ from .resnet_big import (
     is_model_name,
     parse_model_args,
     timm_problem,
+    timm_sizes,
 )
 
 __all__ = ['MODELS', 'STEMS', 'EncoderClassifier', 'LinearClassifier', 'SupCEResNet', 'SupConResNet', 'build_encoder',
-           'is_model_name', 'parse_model_args', 'timm_problem']
+           'is_model_name', 'parse_model_args', 'timm_problem',
+           'timm_sizes']

@@ -166,11 +166,14 @@ def timm_encoder(name, size, model_args=''):
         raise ValueError(f'timm has no model {name!r} (timm.list_models() lists them)')
     kwargs = dict(pretrained=False, num_classes=0, **parse_model_args(model_args))
     try:
-        return timm.create_model(name, img_size=size, **kwargs)
+        encoder = timm.create_model(name, img_size=size, **kwargs)
+        encoder.built_img_size = size           # built for this size (export.py's card says so)
     except TypeError as e:
         if 'img_size' not in str(e):
             raise
-        return timm.create_model(name, **kwargs)
+        encoder = timm.create_model(name, **kwargs)
+        encoder.built_img_size = None
+    return encoder
 
 
 @functools.lru_cache(maxsize=16)
@@ -184,14 +187,32 @@ def timm_problem(name, size, model_args='', sizes=()):
         encoder = timm_encoder(name, size, model_args)
     except Exception as e:          # anything timm's constructor raises for arguments passed through to it
         return _blame_model_args(name, size, args, e)
+    for s, problem in _size_problems(encoder, (size, *sizes)):
+        if problem is not None:
+            return f'timm:{name} cannot take {s} x {s} images ({problem})'
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def timm_sizes(name, size, model_args, candidates):
+    """The image sizes among ``candidates`` that timm's ``name`` (built once, for ``size``-pixel images, with
+    ``--model_args``) takes (multi-crop's small views), in the order given."""
+    return tuple(s for s, problem in _size_problems(timm_encoder(name, size, model_args), candidates)
+                 if problem is None)
+
+
+def _size_problems(encoder, sizes):
+    """``[(size, None or why the encoder cannot take a size x size image)]``: one forward of a 1-image batch each."""
     encoder.eval()
-    for s in (size, *sizes):
+    out = []
+    for s in sizes:
         try:
             with torch.no_grad():
                 encoder(torch.zeros(1, 3, s, s))
+            out.append((s, None))
         except Exception as e:
-            return f'timm:{name} cannot take {s} x {s} images ({_first_line(e)})'
-    return None
+            out.append((s, _first_line(e)))
+    return out
 
 
 def _first_line(error):

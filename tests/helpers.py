@@ -201,9 +201,9 @@ def only_run_folder(root):
 
 
 def read_metrics(folder):
-    import csv
-    with open(os.path.join(folder, 'metrics.csv'), newline='') as f:
-        return list(csv.DictReader(f))
+    from util import read_metrics as rows
+    assert os.path.isfile(os.path.join(folder, 'metrics.csv')), folder
+    return rows(folder)
 
 
 def load(path):
