@@ -17,7 +17,7 @@ import os
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint, load_encoder
+from checkpoint import load_checkpoint, load_encoder, run_checkpoint
 from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels, dataset_info
 from flags import Parser, UserError
 from knn import extract_features
@@ -57,6 +57,8 @@ def plot_curves(rows, path):
         pts = [(int(r['epoch']), float(r[key])) for r in rows if r.get(key)]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='.' if len(pts) < 30 else None)
         ax.set_title(key, fontsize=8)
+        ax.set_xlabel('epoch', fontsize=7)
+        ax.set_ylabel(key.rsplit('/', 1)[-1], fontsize=7)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis('off')
@@ -95,9 +97,16 @@ def plot_tsne(feats, colourings, path, seed):
     from sklearn.manifold import TSNE
     xy = TSNE(n_components=2, init='pca', perplexity=min(30.0, max(2.0, (len(feats) - 1) / 3)),
               random_state=seed).fit_transform(feats)
-    fig, axes = plt.subplots(1, len(colourings), figsize=(5 * len(colourings), 4.6), squeeze=False)
-    for ax, (title, labels) in zip(axes.flat, colourings):
-        ax.scatter(xy[:, 0], xy[:, 1], c=labels, cmap='tab20' if max(labels) >= 10 else 'tab10', s=4)
+    fig, axes = plt.subplots(1, len(colourings), figsize=(6.2 * len(colourings), 4.6), squeeze=False)
+    for ax, (title, labels, names) in zip(axes.flat, colourings):
+        cmap = plt.get_cmap('tab20' if max(labels) >= 10 else 'tab10')
+        labels = np.asarray(labels)
+        for c in sorted(set(labels.tolist())):      # one scatter per class: the legend names it
+            at = labels == c
+            ax.scatter(xy[at, 0], xy[at, 1], color=cmap(c % cmap.N), s=4, label=names[c] if c < len(names) else c)
+        if len(set(labels.tolist())) <= 40:
+            ax.legend(title=title, fontsize=6, title_fontsize=7, markerscale=3, loc='center left',
+                      bbox_to_anchor=(1.0, 0.5), frameon=False, ncol=1 + len(set(labels.tolist())) // 20)
         ax.set_title(title)
         ax.set_xticks([])
         ax.set_yticks([])
@@ -122,7 +131,8 @@ def main(argv=None):
     import matplotlib
     matplotlib.use('Agg')
     p = Parser(description='Analysis of a trained run (vMF kappa, t-SNE, curves, rank drift).')
-    p.add_argument('--ckpt', required=True, help='a checkpoint of main_supcon.py or main_ce.py (or SupContrast)')
+    p.add_argument('--ckpt', required=True, help='a checkpoint of main_supcon.py or main_ce.py (or SupContrast), or a '
+                                                  'run folder (its last.pth)')
     p.add_argument('--dataset', choices=DATASETS, default=None, help="default: the checkpoint's")
     p.add_argument('--data_folder', default=None, help="default: the checkpoint's, else ./datasets/")
     p.add_argument('--out', default=None, help='output folder (default: <run>/analysis)')
@@ -131,6 +141,7 @@ def main(argv=None):
     p.add_argument('--device', default='auto')
     p.add_argument('--seed', type=int, default=0)
     opt = p.parse_args(argv)
+    opt.ckpt = run_checkpoint(opt.ckpt, '--ckpt')
     run = os.path.dirname(os.path.abspath(opt.ckpt))
     out = writable_folder(opt.out or os.path.join(run, 'analysis'), '--out')     # before any work
     config = load_checkpoint(opt.ckpt, 'checkpoint (--ckpt)').get('config', {})
@@ -179,9 +190,12 @@ def main(argv=None):
     rng = np.random.RandomState(opt.seed)
     keep = np.sort(rng.permutation(len(test_labels))[:opt.max_points])
     test_labels = test_labels.cpu()[keep]
-    colourings = [('fine class' if coarse else 'class', test_labels.tolist())]
+    class_names = [str(c) for c in getattr(test_set, 'classes', None) or range(int(test_labels.max()) + 1)]
+    colourings = [('fine class' if coarse else 'class', test_labels.tolist(), class_names)]
     if coarse:
-        colourings.insert(0, ('coarse class (trained on)', to_coarse[test_labels].tolist()))
+        groups = [', '.join(n for n, g in zip(class_names, coarse_labels(opt.dataset)[0]) if g == k)
+                  for k in range(int(to_coarse.max()) + 1)]
+        colourings.insert(0, ('coarse class (trained on)', to_coarse[test_labels].tolist(), groups))
     summary += ['## t-SNE of test-split encoder features', '']
     if len(keep) >= TSNE_MIN_POINTS:
         plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed)

@@ -97,6 +97,20 @@ def read_failure(path, e):
     return (message.splitlines()[0] if message else type(e).__name__)[:200]
 
 
+def run_checkpoint(path, flag):
+    """``path`` where a checkpoint is expected (``--ckpt``, ``--resume``); a run folder stands for its ``last.pth``,
+    said in one line. A folder without one is a :class:`UserError`."""
+    if not path or not os.path.isdir(path):
+        return path
+    last = os.path.join(path, 'last.pth')
+    if not os.path.isfile(last):
+        raise UserError(f'{flag} {path} is a folder without a last.pth: give a checkpoint file (a run folder\'s '
+                        'last.pth or ckpt_epoch_N.pth)')
+    if os.environ.get('RANK', '0') == '0':
+        print(f'note: {flag} {path} is a run folder: its last.pth', flush=True)
+    return last
+
+
 def load_checkpoint(path, what='checkpoint'):
     """Read a checkpoint onto the CPU; missing or unreadable files are a :class:`UserError`."""
     if not path or not os.path.isfile(path):
@@ -153,8 +167,9 @@ def load_encoder(path, model_name, default_model, runtime):
     try:
         encoder, _ = build_encoder(model_name, stem=config.get('stem') or 'cifar', size=config.get('size') or 32,
                                    model_args=config.get('model_args') or '')
-    except ValueError as e:
-        raise UserError(f'--ckpt {path}: {e}') from None
+    except Exception as e:             # a timm model or argument this timm does not have
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f'--ckpt {path} holds a {model_name} encoder that cannot be built here ({reason})') from None
     try:
         encoder.load_state_dict(state)
     except RuntimeError:

@@ -15,15 +15,18 @@ top-1) from the baseline row over the seeds both rows have (runs paired by their
 difference with a 95 % confidence interval from Student's t over seeds (``mean ± t(0.975, n - 1) · sd / √n``)
 and whether that interval excludes 0. Seeds-matched differences remove the share of the variance that a seed
 gives both methods alike (the data order, the initialization), which unpaired mean ± std columns keep.
+
+A linear probe that diverged (``probe_diverged`` in its results.json: main_linear.py's check) is marked: its row's
+label carries ``†`` and a note under the table counts them. Its seed is left out of the paired differences (on both
+sides) unless ``--include_diverged``.
 """
-import argparse
 import glob
 import json
 import math
 import os
 import sys
 
-from flags import UserError
+from flags import Parser, UserError
 from monitors import CollapseWatch
 from util import read_metrics, run_cli, writable_folder
 
@@ -88,22 +91,31 @@ def add_training_metrics(path, results, names):
         for row in rows))
 
 
-def paired_difference(results, baseline, key):
+def diverged(result):
+    """Whether a results.json says its linear probe diverged (main_linear.py's ``probe_diverged``)."""
+    return result.get('probe_diverged') is True
+
+
+def paired_difference(results, baseline, key, include_diverged=False):
     """``(n, mean, half-width of the 95 % t interval or None)`` of ``results[key] - baseline[key]`` over the seeds
-    both lists have (``config.seed``; each seed at most once per list)."""
+    both lists have (``config.seed``; each seed at most once per list). A seed whose probe diverged on either side is
+    left out unless ``include_diverged``."""
     def by_seed(rs):
-        seeds = {}
+        seeds, skipped = {}, set()
         for r in rs:
             seed = r.get('config', {}).get('seed')
             if seed is None:
                 raise UserError('cannot pair runs by seed: a results.json has no config.seed')
-            if seed in seeds:
+            if seed in seeds or seed in skipped:
                 raise UserError(f'cannot pair runs by seed: seed {seed} occurs twice in one row')
-            if key in r:
+            if diverged(r) and not include_diverged:
+                skipped.add(seed)
+            elif key in r:
                 seeds[seed] = r[key]
-        return seeds
-    mine, base = by_seed(results), by_seed(baseline)
-    diffs = [mine[s] - base[s] for s in sorted(set(mine) & set(base))]
+        return seeds, skipped
+    (mine, mine_skipped), (base, base_skipped) = by_seed(results), by_seed(baseline)
+    common = sorted(set(mine) & set(base) - mine_skipped - base_skipped)
+    diffs = [mine[s] - base[s] for s in common]
     if not diffs:
         return 0, None, None
     mean, sd = mean_std(diffs)
@@ -113,10 +125,10 @@ def paired_difference(results, baseline, key):
     return len(diffs), mean, float(t.ppf(0.975, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
 
 
-def paired_cells(label, results, rows, baseline, key):
+def paired_cells(label, results, rows, baseline, key, include_diverged=False):
     if label == baseline:
         return ['(baseline)', '']
-    n, mean, half = paired_difference(results, dict(rows)[baseline], key)
+    n, mean, half = paired_difference(results, dict(rows)[baseline], key, include_diverged)
     if n == 0:
         return ['no common seeds', '']
     if half is None:
@@ -125,7 +137,7 @@ def paired_cells(label, results, rows, baseline, key):
             'yes' if mean - half > 0 or mean + half < 0 else 'no']
 
 
-def table(rows, train_metrics=(), baseline=None, paired_metric='final_test_acc'):
+def table(rows, train_metrics=(), baseline=None, paired_metric='final_test_acc', include_diverged=False):
     """``rows``: [(label, [results dicts])] -> markdown (columns present in any run)."""
     cols = [c for c in COLUMNS if any(c[0] in r for _, rs in rows for r in rs)]
     cols += [(f'train:{name}', f'{name} (last epoch)', 4) for name in train_metrics]
@@ -136,6 +148,7 @@ def table(rows, train_metrics=(), baseline=None, paired_metric='final_test_acc')
         name = dict((c[0], c[1]) for c in COLUMNS).get(paired_metric, paired_metric)
         heads += [f'Δ {name} vs {baseline} (95 % CI, paired t over seeds)', 'CI excludes 0']
     lines = ['| run | seeds | ' + ' | '.join(heads) + ' |', '| --- | --- |' + ' --- |' * len(heads)]
+    notes = []
     for label, results in rows:
         cells = []
         for key, _, digits in cols:
@@ -148,13 +161,22 @@ def table(rows, train_metrics=(), baseline=None, paired_metric='final_test_acc')
         if train_metrics:
             cells.append(f'{int(sum(r["train:warned"] for r in results))}/{len(results)}')
         if baseline is not None:
-            cells += paired_cells(label, results, rows, baseline, paired_metric)
-        lines.append(f'| {label} | {len(results)} | ' + ' | '.join(cells) + ' |')
+            cells += paired_cells(label, results, rows, baseline, paired_metric, include_diverged)
+        n_diverged = sum(diverged(r) for r in results)
+        if n_diverged:
+            notes.append(f'{label}: {n_diverged} of {len(results)}')
+        lines.append(f'| {label}{" †" if n_diverged else ""} | {len(results)} | ' + ' | '.join(cells) + ' |')
+    if notes:
+        lines += ['', '† linear probes that diverged (probe_diverged in results.json; their accuracy is in the '
+                      f'means): {"; ".join(notes)}. '
+                  + ('They are in the paired differences (--include_diverged).' if include_diverged else
+                     'Their seeds are left out of the paired differences (--include_diverged keeps them).'
+                     if baseline is not None else '')]
     return '\n'.join(lines)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p = Parser(description=__doc__.split('\n')[0])
     p.add_argument('runs', nargs='+', help='LABEL=PATTERN (glob of run folders or results.json files)')
     p.add_argument('--out', default='', help='also write the table to this file')
     p.add_argument('--train_metrics', default='',
@@ -163,6 +185,8 @@ def main(argv=None):
     p.add_argument('--baseline', default=None, help='a row label: add paired differences from it over seeds')
     p.add_argument('--paired_metric', default='final_test_acc',
                    help='the results.json key the paired differences use (default: final_test_acc)')
+    p.add_argument('--include_diverged', action='store_true',
+                   help='keep the seeds whose linear probe diverged in the paired differences (marked either way)')
     args = p.parse_args(argv)
     if args.out:      # checked before any work
         if os.path.isdir(args.out):
@@ -185,7 +209,7 @@ def main(argv=None):
         if not results:
             raise UserError(f'no results.json found for {pattern!r}')
         rows.append((label or pattern, results))
-    text = table(rows, train_metrics, args.baseline, args.paired_metric)
+    text = table(rows, train_metrics, args.baseline, args.paired_metric, args.include_diverged)
     print(text)
     if args.out:
         with open(args.out, 'w') as f:

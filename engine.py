@@ -96,11 +96,17 @@ def prepare_run_folder(opt):
         raise UserError(problem)
     if is_main():
         with open(os.path.join(folder, RUN_IDENTITY), 'w') as f:
-            json.dump({'run_name': opt.run_name, 'config': config_dict(opt)}, f, indent=2)
+            json.dump(run_identity(opt), f, indent=2)
     RUN['folder'] = folder
 
 
 RUN_IDENTITY = 'run.json'        # the experiment a run folder holds: its name in full and its flags
+
+
+def run_identity(opt):
+    """What ``run.json`` holds: the run's name in full, every option (``config``), and the flags its command line
+    or recipe gave (``given``: what ``--config <run>/run.json`` replays, recipe.py)."""
+    return {'run_name': opt.run_name, 'config': config_dict(opt), 'given': list(opt.given_flags)}
 
 
 def run_folder_conflict(opt):
@@ -111,9 +117,9 @@ def run_folder_conflict(opt):
     folder = opt.run_folder
     if opt.resume:
         return None
-    if os.path.isfile(os.path.join(folder, 'last.pth')):
-        return (f'{folder} already holds a run (last.pth): continue it with --resume '
-                f'{os.path.join(folder, "last.pth")}, or start another with a new --trial or --save_folder')
+    last = os.path.join(folder, 'last.pth')
+    if os.path.isfile(last):
+        return f'{folder} already holds a run: {ways_on(last, opt.epochs)}'
     identity = os.path.join(folder, RUN_IDENTITY)
     records = set(os.listdir(folder)) - {'.lock', RUN_IDENTITY}
     if not os.path.isfile(identity) or not records:      # an attempt that stopped before it recorded anything
@@ -128,6 +134,24 @@ def run_folder_conflict(opt):
         return (f'{folder} holds another experiment ({"; ".join(differences)}): start this one with a new --trial '
                 f'or --save_folder')
     return None
+
+
+def ways_on(last, epochs):
+    """The three ways on from a folder that holds a run (``last``, its last.pth): ``--resume`` it (saying when that
+    makes another learning-rate schedule than a fresh run of ``epochs``), a new ``--trial``, a new ``--save_folder``."""
+    try:
+        ckpt = load_checkpoint(last, 'the run\'s last.pth')
+        done, config = int(ckpt.get('epoch', 0)), ckpt.get('config') or {}
+    except UserError:
+        done, config = None, {}
+    planned = config.get('epochs')
+    held = f' (epoch {done} of {planned})' if done is not None and planned else ''
+    text = (f'last.pth{held}; continue it with --resume {last}, or start another run beside it with a new --trial '
+            f'or --save_folder')
+    if config.get('cosine') and planned and planned != epochs:
+        text += (f' (--resume --epochs {epochs} keeps the first {done} epochs of a cosine schedule laid out for '
+                 f'{planned}: not the schedule of a fresh {epochs}-epoch run, which a new --trial gives)')
+    return text
 
 
 class ScaledBackward:
@@ -201,12 +225,17 @@ def train_loop(loader, optim: Optimization, epoch, step, desc, print_freq=10):
         state['in_a_row'] = 0
         for name, value in zip(names, values):
             meters[name].update(value, n)
-        if bar.disable and (idx + 1) % print_freq == 0:
-            print(f'{desc}: [{epoch}][{idx + 1}/{len(loader)}]\tloss {meters["loss"].avg:.4f}', flush=True)
+        if bar.disable and (idx + 1) % print_freq == 0:      # SupContrast's line: batch and data time, then the loss
+            bt, dt, loss = times['batch'], times['data'], meters['loss']
+            print(f'{desc}: [{epoch}][{idx + 1}/{len(loader)}]\tBT {bt.val:.3f} ({bt.avg:.3f})\t'
+                  f'DT {dt.val:.3f} ({dt.avg:.3f})\tloss {loss.val:.4f} ({loss.avg:.4f})', flush=True)
         elif not bar.disable:
-            bar.set_postfix(loss=f'{meters["loss"].avg:.4f}')
+            bar.set_postfix(loss=f'{meters["loss"].avg:.4f}', data=f'{times["data"].avg:.3f}s')
 
+    times = {'batch': AverageMeter(), 'data': AverageMeter()}    # host seconds per iteration, and waiting for data
+    end = time.time()
     for idx, batch in enumerate(bar):
+        times['data'].update(time.time() - end)
         schedule.warmup(optimizer, epoch, idx, len(loader))
         optimizer.zero_grad(set_to_none=True)
         loss, n, stats = step(batch, backward)
@@ -222,12 +251,15 @@ def train_loop(loader, optim: Optimization, epoch, step, desc, print_freq=10):
         if state['pending'] is not None:
             read(state['pending'])
         state['pending'] = (idx, n, names, values)
+        times['batch'].update(time.time() - end)
+        end = time.time()
     if state['pending'] is not None:
         read(state['pending'])
     out = {f'train/{k}': m.avg for k, m in meters.items()}
     if fp16:
         out['train/amp/skipped'] = state['skipped']
     out['train/epoch_time'] = time.time() - start
+    out['train/data_time'] = times['data'].sum
     return out
 
 
@@ -341,6 +373,7 @@ def fit(opt, model: torch.nn.Module, optim: Optimization, train_epoch: Callable[
         if logger is not None:
             logger.note(start - 1, f'on resume: {notice}')
     metrics = {}
+    started = time.time()
     for epoch in range(start, opt.epochs + 1):
         schedule.adjust(optimizer, epoch)
         metrics = train_epoch(epoch)
@@ -358,8 +391,9 @@ def fit(opt, model: torch.nn.Module, optim: Optimization, train_epoch: Callable[
             logger.note(epoch, warning)
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not k.startswith('hist/')}
         logger.log(epoch, scalars, {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
-        shown = ', '.join(f'{k} {v:.4g}' for k, v in scalars.items() if not k.endswith('epoch_time'))
-        print(f'epoch {epoch}/{opt.epochs} ({metrics["train/epoch_time"]:.1f}s): {shown}', flush=True)
+        elapsed = time.time() - started
+        print(epoch_line(epoch, opt.epochs, scalars, elapsed, elapsed / (epoch - start + 1) * (opt.epochs - epoch)),
+              flush=True)
         state = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch,
                  'config': config_dict(opt), 'rng': rng[0], 'best': best,
                  'extra': {name: obj.state_dict() for name, obj in extra.items()},
@@ -375,6 +409,29 @@ def fit(opt, model: torch.nn.Module, optim: Optimization, train_epoch: Callable[
         logger.close()
     barrier()     # the checkpoint is on disk before any process returns
     return metrics, best
+
+
+# what the epoch line shows (everything is in metrics.csv and TensorBoard): the loss, accuracies, the learning rate
+SHOWN = ('train/loss', 'train/acc', 'train/lr', 'val/acc', 'test/acc', 'knn/acc', 'train/amp/skipped')
+
+
+def clock(seconds):
+    """``1:02:03`` / ``2:03``."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f'{hours}:{minutes:02d}:{secs:02d}' if hours else f'{minutes}:{secs:02d}'
+
+
+def epoch_line(epoch, epochs, scalars, elapsed, left):
+    """One short line per epoch: its time, the run's elapsed time and an estimate of what is left, the :data:`SHOWN`
+    metrics and the encoder's collapse statistics in brief (the rest: metrics.csv, TensorBoard)."""
+    shown = ', '.join(f'{k.split("/", 1)[1]} {scalars[k]:.4g}' for k in SHOWN if k in scalars)
+    collapse = [f'{name} {scalars[f"train/collapse/{name}_enc"]:.3g}' for name in ('z_std', 'cos')
+                if f'train/collapse/{name}_enc' in scalars]
+    if collapse:
+        shown += ' | encoder ' + ', '.join(collapse)
+    return (f'epoch {epoch}/{epochs} ({scalars["train/epoch_time"]:.1f}s; {clock(elapsed)} elapsed, about '
+            f'{clock(left)} left): {shown}')
 
 
 def resume_rng(ckpt, start, seed):
@@ -425,9 +482,12 @@ def resume_conflicts(saved_config, config, holder='the checkpoint'):
 
 
 def config_dict(opt):
-    """The options as a plain dict of str/int/float/bool/list (safe for ``weights_only`` loading)."""
+    """The options as a plain dict of str/int/float/bool/list (safe for ``weights_only`` loading); the record of the
+    flags given is run.json's (:func:`run_identity`), not an option."""
     out = {}
     for key, value in vars(opt).items():
+        if key == 'given_flags':
+            continue
         if isinstance(value, tuple):
             value = list(value)
         if isinstance(value, (str, int, float, bool, list)) or value is None:

@@ -10,7 +10,9 @@ writes into ``--out``:
   way (``card.json``'s ``load`` says how). For ``timm:<name>`` the keys are timm's, for
   ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...), num_classes=0, ...)``.
 - ``card.json``: the model, stem, image size, normalization, method, dataset, epochs trained (and whether the run
-  had finished), the test accuracy when the run folder has a ``results.json``, the commit, and how to load it.
+  had finished), the test accuracy measured at the checkpoint's own epoch (a CE run's; none for a pre-training run,
+  whose probe is main_linear.py's, and the card says so), the commit, and how to load it (a line that works from any
+  folder: the weights' absolute path).
 
 A run that is not finished is exported with a line and ``"finished": false`` in the card; bad input is one line.
 """
@@ -20,11 +22,11 @@ import subprocess
 
 import torch
 
-from checkpoint import clean_state_dict, load_checkpoint
+from checkpoint import clean_state_dict, current_umask, load_checkpoint, run_checkpoint
 from data import DATASETS, mean_std
 from flags import Parser, UserError
 from networks import MODELS, build_encoder, parse_model_args
-from util import run_cli, writable_folder
+from util import read_metrics, run_cli, writable_folder
 
 TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name
 CIFAR_STEM = 'model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()'
@@ -68,17 +70,19 @@ def commit():
         return None
 
 
-def test_accuracy(run_folder):
-    path = os.path.join(run_folder, 'results.json')
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f).get('final_test_acc')
+def measured_at(run_folder, epoch):
+    """``{'test_acc': ..., 'knn_acc': ...}``: what the run measured at ``epoch`` (its ``metrics.csv`` row: a CE or
+    linear run's test accuracy, a pre-training run's kNN monitor), the keys it measured only; ``{}`` when nothing
+    was measured then (a pre-training run without ``--knn_every``, an epoch between kNN evaluations)."""
+    row = next((r for r in read_metrics(run_folder) if r.get('epoch') == str(epoch)), {})
+    names = {'test_acc': 'test/acc', 'knn_acc': 'knn/acc'}
+    return {key: float(row[column]) for key, column in names.items() if row.get(column)}
 
 
 def export(ckpt_path, out):
     """Write the encoder of ``ckpt_path`` into the folder ``out``; returns the card."""
     from safetensors.torch import save_file
+    ckpt_path = run_checkpoint(ckpt_path, '--ckpt')
     ckpt = load_checkpoint(ckpt_path, '--ckpt')
     config = ckpt['config']
     model = config.get('model')
@@ -87,7 +91,13 @@ def export(ckpt_path, out):
                         'export checkpoints of this project')
     stem, size, model_args = config.get('stem') or 'cifar', config.get('size') or 32, config.get('model_args') or ''
     state = encoder_state(ckpt, ckpt_path)
-    encoder, dim = build_encoder(model, stem=stem, size=size, model_args=model_args)
+    try:
+        encoder, dim = build_encoder(model, stem=stem, size=size, model_args=model_args)
+    except Exception as e:             # a timm model or argument this timm does not have
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f'{ckpt_path} holds a {model} encoder'
+                        + (f' with --model_args {model_args}' if model_args else '')
+                        + f' that cannot be built here ({reason})') from None
     try:
         encoder.load_state_dict(state)
     except RuntimeError:
@@ -100,23 +110,29 @@ def export(ckpt_path, out):
     if os.path.isfile(os.path.join(out, 'card.json')):
         raise UserError(f'{out} already holds an export (card.json): choose another --out')
     writable_folder(out, '--out')
-    save_file(state, os.path.join(out, 'encoder.safetensors'))
+    weights = os.path.abspath(os.path.join(out, 'encoder.safetensors'))
+    save_file(state, weights)
+    os.chmod(weights, 0o666 & ~current_umask())       # safetensors writes 0600: the mode of any other file instead
     torch.save(state, os.path.join(out, 'encoder.pth'))
     epochs_done, epochs = int(ckpt.get('epoch', 0)), config.get('epochs')
     dataset = config.get('dataset')
     mean, std = mean_std(dataset, config.get('mean'), config.get('std')) if dataset in DATASETS else (
         config.get('mean'), config.get('std'))
+    measured = measured_at(os.path.dirname(os.path.abspath(ckpt_path)), epochs_done)
     card = {'model': model, 'stem': None if model.startswith('timm:') else stem, 'size': size,
             'model_args': model_args, 'feature_dim': dim, 'mean': list(mean) if mean else None,
             'std': list(std) if std else None, 'method': config.get('method') or (
                 'CE' if config.get('script') == 'ce' else None), 'script': config.get('script'),
             'dataset': dataset, 'epochs_trained': epochs_done, 'epochs': epochs,
             'finished': epochs is None or epochs_done >= epochs,
-            'test_acc': test_accuracy(os.path.dirname(os.path.abspath(ckpt_path))),
+            'test_acc': measured.get('test_acc'),
+            'test_acc_note': f'the test accuracy at epoch {epochs_done}, the checkpoint\'s' if 'test_acc' in measured
+            else f'no test accuracy was measured at epoch {epochs_done} (a pre-training run has none: '
+                 'main_linear.py measures one)',
+            **({'knn_acc': measured['knn_acc']} if 'knn_acc' in measured else {}),
             'checkpoint': os.path.abspath(ckpt_path), 'commit': commit(),
             'keys': 'torchvision' if model in TORCHVISION else 'timm' if model.startswith('timm:') else 'this repo',
-            'load': load_instructions(model, stem, getattr(encoder, 'built_img_size', None), model_args,
-                                      'encoder.safetensors')}
+            'load': load_instructions(model, stem, getattr(encoder, 'built_img_size', None), model_args, weights)}
     with open(os.path.join(out, 'card.json'), 'w') as f:
         json.dump(card, f, indent=2)
     return card

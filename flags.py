@@ -19,6 +19,7 @@ Each feature is declared in the module whose code reads its flags, e.g.::
                     check=_check_queue, run_name=lambda queue_size: f'_queue_{queue_size}' if queue_size else '')
 """
 import argparse
+import difflib
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -126,10 +127,44 @@ def epoch_list(text):
 
 # ---------------------------------------------------------------- the parsers (options.py, analyze.py)
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line (no usage block) with exit status 2."""
+    """argparse that takes flags by their full names only (no abbreviations: ``--epoch`` is not ``--epochs``, in a
+    recipe or on the command line alike) and reports a bad flag as one line (no usage block) with exit status 2; an
+    unknown flag names the nearest ones (:func:`nearest_flags`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault('allow_abbrev', False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
+        unknown = re.match(r'unrecognized arguments: (.*)', message)
+        token = next((t for t in unknown.group(1).split() if t.startswith('-')), None) if unknown else None
+        if token is not None:
+            flags = [s for a in self._actions for s in a.option_strings if s.startswith('--')]
+            message = unknown_flag(token, flags)
         self.exit(2, f'{self.prog}: error: {message}\n')
+
+
+def nearest_flags(token, flags, n=4):
+    """The flags of ``flags`` nearest to the unknown ``token`` (``--lr``): the ones whose word initials it spells
+    (``--learning_rate``), the ones it begins (``--lr_decay_rate``) or that begin it (``--temp``), then the closest
+    spellings (``difflib``)."""
+    name = token.lstrip('-').split('=')[0].replace('-', '_')
+    names = [f.lstrip('-') for f in flags]
+    found = [f for f in names if len(name) > 1 and ''.join(w[0] for w in f.split('_') if w) == name]
+    found += [f for f in names if name and f.startswith(name)]
+    found += [f for f in names if len(f) > 2 and name.startswith(f)]          # --temperature: --temp
+    found += difflib.get_close_matches(name, names, n=n, cutoff=0.6)
+    return ['--' + f for f in dict.fromkeys(found)][:n]
+
+
+def unknown_flag(token, flags):
+    """The one line for an unknown ``token``, naming the nearest of ``flags``."""
+    near = nearest_flags(token, flags)
+    shown = token.split('=')[0]
+    if not near:
+        return f'unknown flag {shown} (see --help)'
+    options = near[0] if len(near) == 1 else ', '.join(near[:-1]) + ' or ' + near[-1]
+    return f'unknown flag {shown} (flags are taken by their full names); did you mean {options}?'
 
 
 class HelpFormatter(argparse.HelpFormatter):

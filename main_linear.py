@@ -10,6 +10,7 @@ the original SupContrast. Prints the final and the best test top-1; with
 """
 import json
 import os
+import sys
 
 import numpy as np
 import torch
@@ -161,12 +162,12 @@ def main(argv=None):
     extra = {'n_train': len(train_set)}
     if opt.within_superclass:
         extra['final_test_within_superclass_acc'] = superclass_probe()
-    if is_main():           # a probe that diverged says so (its accuracy does not measure the encoder)
+    if is_main():           # a probe that did not converge says so, with what was measured
         losses = [float(row['train/loss']) for row in read_metrics(opt.run_folder) if row.get('train/loss')]
         warning = probe_divergence(losses, n_cls, last.get('test/nll'))
         extra.update(probe_diverged=warning is not None, probe_warning=warning)
         if warning:
-            print(f'warning: {warning}', flush=True)
+            print(f'warning: {warning}', file=sys.stderr, flush=True)
             with open(os.path.join(opt.run_folder, 'warnings.txt'), 'a') as f:
                 f.write(f'after epoch {opt.epochs}: {warning}\n')
     write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)

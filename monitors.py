@@ -88,17 +88,27 @@ class CollapseWatch:
         self.first_z_std, self.warned = state['first_z_std'], state['warned']
 
 
+ABSURD_NLL = 10       # a test NLL above this many times chance level (ln C) is flagged
+
+
 def probe_divergence(train_losses, n_classes, test_nll=None):
-    """``None`` for a linear probe that trained, else one line saying how it diverged: a non-finite loss, or a last
-    epoch's mean training loss above chance level, ``ln C`` (the cross-entropy of a uniform prediction, about where
-    a probe starts): on its own training data it then does worse than guessing, and its test accuracy does not
-    measure the encoder. ``train_losses``: the epochs' mean training losses, in order."""
+    """``None`` for a linear probe whose training converged, else one line saying what was measured: a loss that is
+    not finite; a last epoch's mean training loss above chance level, ``ln C`` (the cross-entropy of a uniform
+    prediction, about where a probe starts); or a test NLL above ``ABSURD_NLL`` times chance level (logits out of
+    scale). It claims no more: a probe whose training loss oscillates may still rank the test images as a converged
+    one does. ``train_losses``: the epochs' mean training losses, in order."""
+    chance = math.log(n_classes)
+    hint = 'lower --learning_rate (or use --probe_norm bn)'
     values = [*train_losses, *([] if test_nll is None else [test_nll])]
     if not all(math.isfinite(v) for v in values):
-        return 'the linear probe diverged: a loss is not finite; lower --learning_rate (or use --probe_norm bn)'
-    chance = math.log(n_classes)
+        where = 'its test NLL' if train_losses and all(math.isfinite(v) for v in train_losses) else 'its training loss'
+        return f'the linear probe diverged: {where} is not finite; {hint}'
     if train_losses and train_losses[-1] > chance:
-        return (f'the linear probe diverged: its last epoch\'s training loss {train_losses[-1]:.4g} is above chance '
-                f'level (ln {n_classes} = {chance:.3f}; first epoch {train_losses[0]:.4g}), so its test accuracy does '
-                f'not measure the encoder; lower --learning_rate (or use --probe_norm bn)')
+        nll = f'; test NLL {test_nll:.4g}' if test_nll is not None else ''
+        return (f'the linear probe did not converge: its last epoch\'s mean training loss {train_losses[-1]:.4g} is '
+                f'above chance level (ln {n_classes} = {chance:.3f}; first epoch {train_losses[0]:.4g}{nll}); {hint}')
+    if test_nll is not None and test_nll > ABSURD_NLL * chance:
+        return (f'the linear probe\'s test NLL {test_nll:.4g} is over {ABSURD_NLL} x chance level (ln {n_classes} = '
+                f'{chance:.3f}; last training loss {train_losses[-1]:.4g}): its logits are out of scale; {hint}'
+                if train_losses else f'the linear probe\'s test NLL {test_nll:.4g} is out of scale; {hint}')
     return None

@@ -15,11 +15,24 @@ script (``FIELD_DEFAULTS``: every flag of every script), so code reads ``opt.x``
 import argparse
 import math
 import os
+import re
 import sys
 
+from checkpoint import run_checkpoint
 from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info
 from encoders import ENCODER, adopt_stage1_settings, default_stem, encoder_tag
-from flags import SCRIPTS, HelpFormatter, Parser, call_hook, check, check_temperature, dest, epoch_list, floats
+from flags import (
+    SCRIPTS,
+    HelpFormatter,
+    Parser,
+    UserError,
+    call_hook,
+    check,
+    check_temperature,
+    dest,
+    epoch_list,
+    floats,
+)
 from knn import MONITOR
 from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
@@ -203,11 +216,16 @@ def parse_option(script, argv=None):
     main_linear.py's ``--ckpt`` configuration (:func:`adopt_stage1_settings`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     config = config_path(argv)
+    from_file = []
     if config:                               # --config FILE: its flags first, the command line's after them
-        argv = [*config_argv(config, script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS), *argv]
+        from_file = config_argv(config, script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS)
+        argv = [*from_file, *argv]
     opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(build_parser(script).parse_args(argv))})
     given = given_flags(script, argv)
+    opt.given_flags = sorted(given)          # what run.json records, for --config <run>/run.json (recipe.py)
     opt.script = script
+    opt.ckpt = run_checkpoint(opt.ckpt, '--ckpt')
+    opt.resume = run_checkpoint(opt.resume, '--resume')
     if script == 'linear' and opt.ckpt and os.path.isfile(opt.ckpt):    # a missing file: one line, later
         adopt_stage1_settings(opt, given)
     info = dataset_info(opt.dataset)
@@ -217,9 +235,16 @@ def parse_option(script, argv=None):
         opt.size = info.size
     if opt.stem is None and not str(opt.model or '').startswith('timm:'):
         opt.stem = default_stem(opt.size)
-    if script == 'supcon':
-        apply_method_flags(opt)
-    validate(opt, script, given)
+    try:
+        if script == 'supcon':
+            apply_method_flags(opt)
+        validate(opt, script, given)
+    except UserError as e:             # a flag the file set, named as such
+        from_config = given_flags(script, from_file) - given_flags(script, argv[len(from_file):])
+        named = [f'--{d}' for d in sorted(from_config) if re.search(rf'--{d}\b', str(e))]
+        if named:
+            raise UserError(f'{e} ({", ".join(named)} set by --config {config})') from None
+        raise
     if opt.data_folder is None:
         opt.data_folder = './datasets/'
 

@@ -164,13 +164,14 @@ def progress(iterable, desc, total=None):
 
 
 class AverageMeter:
-    """Running average of a scalar."""
+    """Running average of a scalar (``val``: the last value)."""
 
     def __init__(self):
-        self.sum, self.count = 0.0, 0
+        self.val, self.sum, self.count = 0.0, 0.0, 0
 
     def update(self, val, n=1):
-        self.sum += float(val) * n
+        self.val = float(val)
+        self.sum += self.val * n
         self.count += n
 
     @property

@@ -5,7 +5,9 @@
 
 Writes ``<out>/gpu_report.md`` (ready to paste into docs/results.md), ``<out>/gpu_report.json`` and
 ``<out>/gpu_check.log`` (every section's output), rewritten after each section so that a run cut short still leaves
-its report. ``<out>`` is ``$OUT`` when set (the device tool's folder that comes back), else ``./gpu_check_out``.
+its report. ``<out>`` is ``$OUT`` when set, else ``./gpu_check_out``; a folder that holds a report already is refused
+(a report never replaces another), as is a bad ``--sections``, ``--budget`` or ``--slack``: one line, exit 2, before
+anything runs.
 
 Sections, in order of value; each runs in a process of its own under its own time bound (and the whole under
 ``--budget``): one that fails or runs out of time is recorded with the last lines of its output, and the next one
@@ -456,7 +458,7 @@ def section_field(ctx):
               '1000']
     rows = ['| run | seconds per epoch (pre-training) | first epoch (s) | test top-1 (%) |',
             '| --- | --- | --- | --- |']
-    data, ok = {}, True
+    data, ok, skipped = {}, True, []
     for name, script, flags in field_runs():
         save = os.path.join(ctx.work, re.sub(r'\W+', '_', name), 'pretrain')
         hyper = [] if script == 'main_ce' else ['--learning_rate', '0.2', '--temp', '0.1']
@@ -464,7 +466,7 @@ def section_field(ctx):
         linear = [*common, '--epochs', lin, '--learning_rate', '1']
         if ctx.left() < 10:
             rows.append(f'| {name} | skipped: out of time | | |')
-            ok = False
+            skipped.append(name)
             continue
         try:
             r = forked(field_one, (script, argv, linear), ctx.log, min(ctx.left(), 120))
@@ -479,6 +481,11 @@ def section_field(ctx):
     summary = (f'`--dataset digits --size {size} --model {model} --batch_size 128 --cosine --augment device`, '
                f'{epochs} epochs (lr 0.2, temperature 0.1; CE lr 0.1), linear evaluation {lin} epochs at lr 1; '
                f'seed 0.\n\n' + '\n'.join(rows))
+    if skipped:        # runs the budget left no time for are not failures: the next call runs them (--sections 7)
+        summary += (f'\n\n{len(skipped)} of {len(rows) - 2} runs skipped: out of time ({", ".join(skipped)}); '
+                    'run the section again for them')
+        if ok:
+            return {'status': 'skipped: out of time', 'summary': summary, 'data': data}
     return outcome(ctx, ok, summary, data)
 
 
@@ -496,15 +503,55 @@ def run_section(key, dry, cuda, work, log, seconds):
     print(RESULT_MARK + json.dumps(result, default=str), flush=True)
 
 
+class ArgumentError(Exception):
+    """A bad argument of the GPU check: one line, exit status 2, before anything runs."""
+
+
 def parse_sections(text):
+    """``'2-4,7'`` -> ``{1, 2, 3, 4, 7}`` (the environment always runs); :class:`ArgumentError` for anything else: an
+    empty or malformed list, a reversed range, a number that is no section."""
+    known = {n for n, *_ in SECTIONS}
+    if not re.fullmatch(r'\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*', text or ''):
+        raise ArgumentError(f'--sections takes numbers and ranges of 1-{max(known)} separated by commas (e.g. '
+                            f'1-3,5), got {text!r}')
     chosen = set()
     for part in text.split(','):
-        a, _, b = part.strip().partition('-')
-        chosen.update(range(int(a), int(b or a) + 1))
-    known = {n for n, *_ in SECTIONS}
+        a, _, b = (x.strip() for x in part.partition('-'))
+        first, last = int(a), int(b or a)
+        if last < first:
+            raise ArgumentError(f'--sections: the range {part.strip()} is reversed (write {last}-{first})')
+        chosen.update(range(first, last + 1))
     if not chosen <= known:
-        raise SystemExit(f'error: --sections takes numbers in 1-{max(known)}, got {text}')
+        raise ArgumentError(f'--sections takes numbers in 1-{max(known)}, got {text}')
     return chosen | {1}          # the environment always
+
+
+def usable_out(out):
+    """Create ``out`` and check that a file can be written there, and that it holds no report yet (a report never
+    replaces another); :class:`ArgumentError` naming the cause otherwise."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ArgumentError(f'--out {out} is a file: give a folder (default $OUT, else ./gpu_check_out)')
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ArgumentError(f'cannot write the report into {out} ({e.strerror or type(e).__name__}): give another '
+                            '--out (or $OUT)') from None
+    if os.path.exists(os.path.join(out, 'gpu_report.md')):
+        raise ArgumentError(f'{out} holds a report already (gpu_report.md): give another --out, or move that report '
+                            'away first')
+    return out
+
+
+def machine_slack():
+    """``--slack auto``: 1 plus the load the machine carries per core (its 1-minute load average), so the time bounds
+    follow a machine that other work shares."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return round(1.0 + load / (os.cpu_count() or 1), 1)
 
 
 def write_report(out, results, meta):
@@ -522,15 +569,20 @@ def write_report(out, results, meta):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sys.path.insert(0, ROOT)
+    from flags import Parser  # one-line errors, full flag names only
+    parser = Parser(prog='gpu_check.sh', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--dry-run', action='store_true', help='tiny sizes, any device (the suite runs this)')
     parser.add_argument('--sections', default='1-7', help='which sections, e.g. 1-3,5 (1 always runs)')
     parser.add_argument('--budget', type=float, default=None,
-                        help='seconds for everything (default 1200, dry run 150): a section that would start later '
-                             'is skipped, one that runs past it is stopped')
-    parser.add_argument('--slack', type=float, default=1.0,
-                        help='multiply every section\'s time bound by this (a loaded machine: the suite gives 4)')
-    parser.add_argument('--out', default=os.environ.get('OUT') or os.path.join(ROOT, 'gpu_check_out'))
+                        help='seconds for everything (default 1200; dry run: the sum of its sections\' bounds): a '
+                             'section that would start later is skipped, one that runs past it is stopped')
+    parser.add_argument('--slack', default='auto',
+                        help='multiply every section\'s time bound by this (default auto: 1 + the load average per '
+                             'core, so a loaded machine gets more time)')
+    parser.add_argument('--out', default=os.environ.get('OUT') or os.path.join(ROOT, 'gpu_check_out'),
+                        help='the report\'s folder (default $OUT, else ./gpu_check_out); one that holds a report is '
+                             'refused')
     parser.add_argument('--run-section', help=argparse.SUPPRESS)
     parser.add_argument('--work', help=argparse.SUPPRESS)
     parser.add_argument('--log', help=argparse.SUPPRESS)
@@ -539,16 +591,27 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.run_section:
         return run_section(args.run_section, args.dry_run, bool(args.cuda), args.work, args.log, args.seconds)
+    try:
+        chosen = parse_sections(args.sections)
+        slack = machine_slack() if args.slack == 'auto' else float(args.slack)
+        if not slack > 0 or slack == float('inf'):
+            raise ArgumentError(f'--slack must be a number > 0 or auto, got {args.slack}')
+        if args.budget is not None and not (0 < args.budget < float('inf')):
+            raise ArgumentError(f'--budget must be a number of seconds > 0, got {args.budget:g}')
+        usable_out(args.out)
+    except ValueError:
+        parser.error(f'--slack must be a number > 0 or auto, got {args.slack}')
+    except ArgumentError as e:
+        parser.error(str(e))
     import torch
     cuda = torch.cuda.is_available()
-    chosen = parse_sections(args.sections)
-    budget = args.budget or (150 if args.dry_run else 1200)
-    os.makedirs(args.out, exist_ok=True)
+    dry = args.dry_run or not cuda
+    budget = args.budget or (slack * sum(b for n, *_, b in SECTIONS if n in chosen) if dry else 1200)
     log = os.path.join(args.out, 'gpu_check.log')
     open(log, 'w').close()
     start = time.monotonic()
     meta = {'command': ' '.join(['bash scripts/gpu_check.sh', *(argv if argv is not None else sys.argv[1:])]),
-            'dry_run': args.dry_run, 'cuda': cuda, 'budget_s': budget, 'elapsed_s': 0}
+            'dry_run': args.dry_run, 'cuda': cuda, 'budget_s': budget, 'slack': slack, 'elapsed_s': 0}
     results = []
     print(f'GPU check ({"dry run, " if args.dry_run else ""}{"CUDA" if cuda else "no CUDA: tiny sizes on the CPU"}); '
           f'report in {args.out}', flush=True)
@@ -557,7 +620,7 @@ def main(argv=None):
             if number not in chosen:
                 continue
             left = budget - (time.monotonic() - start)
-            seconds = min(args.slack * (dry_bound if args.dry_run or not cuda else bound), left - 3)
+            seconds = min(slack * (dry_bound if dry else bound), left - 3)
             entry = {'number': number, 'key': key, 'title': title, 'seconds': 0.0}
             if seconds < 10:
                 entry.update(status='skipped: out of time', summary=f'{left:.0f} s of the --budget left', data={})

@@ -57,3 +57,27 @@ def test_analyze_checks_out_first_and_skips_tsne_on_two_images(tmp_path):
     assert 't-SNE skipped: the test split has 2 images' in proc.stdout
     written = set(os.listdir(tmp_path / 'a'))
     assert {'kappa.png', 'summary.md'} <= written and 'tsne.png' not in written
+
+
+def test_plots_have_legends_and_axis_labels(tmp_path, monkeypatch):
+    """The t-SNE map names its classes (a legend per colouring, superclasses by their members) and every curve has an
+    epoch axis."""
+    import matplotlib
+    matplotlib.use('Agg')
+    from matplotlib.figure import Figure
+
+    import analyze
+    figures = []
+    monkeypatch.setattr(Figure, 'savefig', lambda fig, *a, **k: figures.append(fig))
+    rng = np.random.RandomState(0)
+    analyze.plot_tsne(rng.randn(40, 5), [('coarse class (trained on)', [i % 2 for i in range(40)], ['0, 2', '1, 3']),
+                                         ('class', [i % 4 for i in range(40)], ['zero', 'one', 'two', 'three'])],
+                      str(tmp_path / 't.png'), 0)
+    legends = [ax.get_legend() for ax in figures[0].axes]
+    assert [[t.get_text() for t in legend.get_texts()] for legend in legends] == [['0, 2', '1, 3'],
+                                                                                   ['zero', 'one', 'two', 'three']]
+    assert legends[1].get_title().get_text() == 'class'
+    analyze.plot_curves([{'epoch': '1', 'train/loss': '2.0', 'knn/acc': ''}, {'epoch': '2', 'train/loss': '1.5',
+                                                                             'knn/acc': '90'}], str(tmp_path / 'c.png'))
+    used = [ax for ax in figures[1].axes if ax.get_title()]
+    assert [ax.get_xlabel() for ax in used] == ['epoch', 'epoch'] and used[0].get_ylabel() == 'loss'

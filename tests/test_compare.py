@@ -97,3 +97,25 @@ def test_compare_checks_out_before_the_work(tmp_path, where):
         return
     out = '/proc/no_such/t.md' if where == 'unwritable' else tmp_path
     assert_one_line_error(run_in_process('compare.py', f'X={tmp_path}/none', '--out', out), '--out')
+
+
+def test_a_diverged_probe_is_marked_and_left_out_of_the_paired_differences(tmp_path, capsys):
+    """A probe trained at an absurd learning rate (``probe_diverged``) is the row's best number here: its row is
+    marked, a note counts it, and its seed leaves the paired differences unless --include_diverged."""
+    import compare
+    rows = {'base': {0: 90.0, 1: 91.0, 2: 92.0}, 'wild': {0: 99.0, 1: 92.0, 2: 93.0}}
+    for label, accs in rows.items():
+        for seed, acc in accs.items():
+            d = tmp_path / label / f'seed_{seed}'
+            d.mkdir(parents=True)
+            bad = label == 'wild' and seed == 0
+            (d / 'results.json').write_text(json.dumps({'final_test_acc': acc, 'config': {'seed': seed},
+                                                        'probe_diverged': bad}))
+    args = [f'{label}={tmp_path}/{label}' for label in rows] + ['--baseline', 'base']
+    compare.main(args)
+    text = capsys.readouterr().out
+    assert '| wild † | 3 |' in text and '| base | 3 |' in text
+    assert 'wild: 1 of 3' in text and 'left out of the paired differences' in text
+    assert '+1.00 (n=2)' not in text and '(n=2)' in text            # seeds 1 and 2 only: +1, +1
+    compare.main(args + ['--include_diverged'])
+    assert '(n=3)' in capsys.readouterr().out

@@ -2,6 +2,7 @@
 the real scripts: resume that refuses contradictions, run folders, interrupts, failing checkpoint writes."""
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,8 +79,54 @@ def test_a_new_run_never_overwrites_an_existing_one(shared_run, tmp_path):
     last = os.path.join(copy_of(shared_run('ce')[0], tmp_path), 'last.pth')
     before = _digest(last)
     proc = run_in_process(script, *flags, '--epochs', 2, '--save_folder', tmp_path)     # the same command again
-    assert_one_line_error(proc, 'already holds a run', '--resume', '--trial')
+    assert_one_line_error(proc, 'already holds a run', 'last.pth (epoch 2 of 2)', '--resume', '--trial',
+                          '--save_folder')
     assert _digest(last) == before
+
+
+@pytest.mark.slow
+def test_a_smoke_test_then_the_real_run_names_three_ways_on_and_the_schedule(tmp_path):
+    """A 1-epoch smoke test of a cosine recipe, then the same recipe at 3 epochs: refused (run names leave out
+    --epochs, as SupContrast's), naming --resume, --trial and --save_folder, and saying that --resume keeps the first
+    epoch of a schedule laid out for 1 (not a fresh 3-epoch run's)."""
+    args = [*FAST, '--cosine', '--save_folder', tmp_path]
+    run_script('main_supcon.py', *args, '--epochs', 1)
+    proc = run_in_process('main_supcon.py', *args, '--epochs', 3)
+    assert_one_line_error(proc, 'already holds a run', 'epoch 1 of 1', '--resume', '--trial', '--save_folder',
+                          'cosine schedule laid out for 1', 'fresh 3-epoch run')
+
+
+@pytest.mark.slow
+def test_the_lines_a_run_prints(tmp_path):
+    """Step lines in SupContrast's form (batch and data time, the loss's last value and mean); one short line per
+    epoch with the run's elapsed time and an estimate of what is left, the collapse statistics in brief (all of them
+    in metrics.csv)."""
+    out = run_script('main_supcon.py', *FAST, '--epochs', 2, '--print_freq', 5, '--save_folder', tmp_path).stdout
+    steps = [line for line in out.splitlines() if line.startswith('SupCon: [')]
+    assert steps and re.fullmatch(r'SupCon: \[1\]\[5/\d+\]\tBT [\d.]+ \([\d.]+\)\tDT [\d.]+ \([\d.]+\)\t'
+                                  r'loss [\d.]+ \([\d.]+\)', steps[0]), steps[0]
+    epochs = [line for line in out.splitlines() if line.startswith('epoch ')]
+    assert len(epochs) == 2 and all(len(line) < 140 for line in epochs), epochs
+    assert re.match(r'epoch 1/2 \([\d.]+s; 0:\d\d elapsed, about 0:\d\d left\): loss [\d.]+, lr [\d.]+ \| '
+                    r'encoder z_std [\d.]+, cos [\d.]+$', epochs[0]), epochs[0]
+    assert 'proj' not in epochs[0]
+    rows = read_metrics(only_run_folder(tmp_path))
+    assert {'train/collapse/z_std_proj', 'train/collapse/cos_proj', 'train/data_time'} <= set(rows[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('tiny')
+def test_a_run_folder_stands_for_its_last_checkpoint(tiny_ckpt, tmp_path):
+    """``--ckpt <run>`` (main_linear.py, analyze.py) and ``--resume <run>``: its last.pth, said in one line."""
+    run = os.path.dirname(tiny_ckpt)
+    out = run_script('main_linear.py', '--ckpt', run, *FAST, '--epochs', 1, '--save_folder', tmp_path / 'lin')
+    assert f'note: --ckpt {run} is a run folder: its last.pth' in out.stdout and 'final test top-1' in out.stdout
+    copy = copy_of(run, tmp_path)
+    out = run_script('main_supcon.py', '--resume', copy, *FAST, '--epochs', 2)
+    assert f'--resume {copy} is a run folder' in out.stdout and load(os.path.join(copy, 'last.pth'))['epoch'] == 2
+    out = run_script('analyze.py', '--ckpt', run, '--out', tmp_path / 'an', '--max_points', 50)
+    assert 'is a run folder' in out.stdout and (tmp_path / 'an' / 'tsne.png').exists()
+    assert_one_line_error(run_in_process('main_linear.py', '--ckpt', tmp_path), 'is a folder without a last.pth')
 
 
 @pytest.mark.parametrize('folder', ['/proc/no_such_dir/runs', 'FILE'])

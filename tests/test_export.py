@@ -86,3 +86,57 @@ def test_export_of_a_real_run(tiny_ckpt, tmp_path):
         card = json.load(f)
     assert card['keys'] == 'this repo' and card['finished'] and card['dataset'] == 'digits' and card['size'] == 8
     assert sorted(os.listdir(tmp_path / 'out')) == ['card.json', 'encoder.pth', 'encoder.safetensors']
+
+
+def test_the_card_carries_the_figures_of_its_own_epoch(tmp_path):
+    """An intermediate checkpoint's card has that epoch and the test accuracy measured then (metrics.csv), never the
+    run's final results.json; a pre-training checkpoint has none, and the card says why."""
+    path, _ = saved_run(tmp_path, 'resnet18', epoch=1, epochs=2, stem='cifar', size=32)
+    (tmp_path / 'metrics.csv').write_text('epoch,test/acc,train/loss\n1,61.5,2.0\n2,97.25,0.5\n')
+    (tmp_path / 'results.json').write_text(json.dumps({'final_test_acc': 97.25}))
+    assert run_in_process('export.py', '--ckpt', path, '--out', tmp_path / 'e1').returncode == 0
+    card = json.loads((tmp_path / 'e1' / 'card.json').read_text())
+    assert card['epochs_trained'] == 1 and card['test_acc'] == 61.5 and 'epoch 1' in card['test_acc_note']
+    (tmp_path / 'metrics.csv').write_text('epoch,train/loss\n1,2.0\n2,0.5\n')       # a pre-training run's
+    assert run_in_process('export.py', '--ckpt', path, '--out', tmp_path / 'e2').returncode == 0
+    card = json.loads((tmp_path / 'e2' / 'card.json').read_text())
+    assert card['test_acc'] is None and 'no test accuracy was measured at epoch 1' in card['test_acc_note']
+
+
+def test_exports_are_readable_by_all_and_the_load_line_works_from_anywhere(tmp_path, monkeypatch):
+    import stat
+
+    import safetensors.torch  # noqa: F401  (the load line's names)
+    import torchvision  # noqa: F401
+    path, model = saved_run(tmp_path, 'resnet18', stem='cifar', size=32)
+    assert run_in_process('export.py', '--ckpt', path, '--out', tmp_path / 'out').returncode == 0
+    modes = {name: stat.S_IMODE(os.stat(tmp_path / 'out' / name).st_mode) for name in os.listdir(tmp_path / 'out')}
+    assert set(modes.values()) == {0o644}, modes
+    card = json.loads((tmp_path / 'out' / 'card.json').read_text())
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    scope = {'torch': torch, 'torchvision': torchvision, 'safetensors': safetensors}
+    exec(card['load'], scope)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(scope['model'].eval()(x), model.encoder(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_this_timm_cannot_build_and_a_run_folder(tmp_path):
+    """A checkpoint naming a timm model (or a model argument) this timm does not have is one line; a run folder
+    stands for its last.pth."""
+    path, _ = saved_run(tmp_path, 'resnet18', stem='cifar', size=32)
+    ckpt = torch.load(path, weights_only=True)
+    for name, model, args in (('gone', 'timm:no_such_model_v9', ''), ('arg', 'timm:vit_tiny_patch16_224', 'wings=3')):
+        ckpt['config'].update(model=model, model_args=args)
+        torch.save(ckpt, tmp_path / f'{name}.pth')
+        assert_one_line_error(run_in_process('export.py', '--ckpt', tmp_path / f'{name}.pth', '--out',
+                                             tmp_path / f'o_{name}'), 'cannot be built here')
+    run = tmp_path / 'run'
+    run.mkdir()
+    os.replace(path, run / 'last.pth')
+    out = run_in_process('export.py', '--ckpt', run, '--out', tmp_path / 'o_run')
+    assert out.returncode == 0 and f'--ckpt {run} is a run folder: its last.pth' in out.stdout
+    assert_one_line_error(run_in_process('export.py', '--ckpt', tmp_path / 'o_run', '--out', tmp_path / 'o4'),
+                          'is a folder without a last.pth')

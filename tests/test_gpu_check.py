@@ -24,8 +24,15 @@ def dry_run(tmp_path, *args, env=None):
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU dry run (a GPU machine runs the real check)')
-def test_the_dry_run_runs_every_section_and_says_what_needs_cuda(tmp_path):
-    proc, sections, report = dry_run(tmp_path, '--budget', '800', '--slack', '4')    # the suite loads the machine
+def test_the_dry_run_passes_on_a_loaded_machine_and_says_what_needs_cuda(tmp_path):
+    """The dry run with its default budget and slack while another process eats a core (beside the suite's other
+    worker): its bounds follow the machine, and every section needs CUDA but the environment."""
+    burner = subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+    try:
+        proc, sections, report = dry_run(tmp_path)
+    finally:
+        burner.kill()
+        burner.wait()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [s for s in sections] == [key for _, key, *_ in gpu_check.SECTIONS]
     assert sections['environment']['status'] == 'passed'
@@ -39,6 +46,11 @@ def test_the_dry_run_runs_every_section_and_says_what_needs_cuda(tmp_path):
     assert all('test_acc' in r for r in sections['field']['data'].values())
     assert '## 7. The field on the GPU' in report and 'passed' not in report.split('## 2.')[1].split('\n')[0]
     assert sorted(os.listdir(tmp_path)) == ['gpu_check.log', 'gpu_report.json', 'gpu_report.md']
+    # a second call into the same folder is refused before it runs anything: the first report stays
+    again = subprocess.run(['bash', 'scripts/gpu_check.sh', '--dry-run', '--out', str(tmp_path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120, env={**os.environ, 'PY': sys.executable})
+    assert_one_line(again, 'holds a report already')
+    assert (tmp_path / 'gpu_report.md').read_text() == report
 
 
 @pytest.mark.slow
@@ -57,11 +69,77 @@ def test_a_failing_or_hanging_section_is_recorded_and_the_next_runs(tmp_path, ho
     assert f'1. Environment: {status}' in report
 
 
+def assert_one_line(proc, *words):
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith('gpu_check.sh: error: '), proc.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert 'GPU check (' not in proc.stdout            # nothing ran
+
+
 def test_sections_parse_and_the_environment_always_runs():
     assert gpu_check.parse_sections('4') == {1, 4}
     assert gpu_check.parse_sections('2-4,7') == {1, 2, 3, 4, 7}
-    with pytest.raises(SystemExit):
-        gpu_check.parse_sections('8')
+    assert gpu_check.parse_sections(' 1 - 3 , 5') == {1, 2, 3, 5}
+    for bad in ('8', '', ',', '3-1', '1-', 'a', '1,,2', '2-3-4', '-1'):
+        with pytest.raises(gpu_check.ArgumentError):
+            gpu_check.parse_sections(bad)
+
+
+def unwritable_folder(tmp_path):
+    """A folder no file can be written into: read-only by its mode, or (as root, whom modes do not stop) one of sysfs,
+    where nothing may be created."""
+    if os.geteuid() != 0:
+        folder = tmp_path / 'read_only'
+        folder.mkdir()
+        folder.chmod(0o555)
+        return str(folder / 'out')
+    return '/sys/gpu_check_out'
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--sections', ''], ['--sections takes numbers', "got ''"]),
+    (['--sections', '3-1'], ['the range 3-1 is reversed']),
+    (['--sections', '1-3,x'], ['--sections takes numbers']),
+    (['--sections', '9'], ['numbers in 1-7']),
+    (['--budget', '0'], ['--budget must be a number of seconds > 0']),
+    (['--budget', '-5'], ['--budget must be a number of seconds > 0']),
+    (['--budget', 'inf'], ['--budget must be a number of seconds > 0']),
+    (['--slack', '0'], ['--slack must be a number > 0']),
+    (['--slack', 'lots'], ['--slack must be a number > 0']),
+    (['--section', '2'], ['unknown flag --section', '--sections']),
+    ('file', ['is a file: give a folder']),
+    ('under a file', ['cannot write the report into', 'Not a directory']),
+    ('unwritable', ['cannot write the report into']),
+])
+def test_bad_arguments_are_one_line_before_anything_runs(tmp_path, args, words):
+    out = str(tmp_path / 'out')
+    if args == 'file':
+        (tmp_path / 'f').write_text('x')
+        args, out = [], str(tmp_path / 'f')
+    elif args == 'under a file':
+        (tmp_path / 'f').write_text('x')
+        args, out = [], str(tmp_path / 'f' / 'out')
+    elif args == 'unwritable':
+        args, out = [], unwritable_folder(tmp_path)
+    proc = subprocess.run(['bash', 'scripts/gpu_check.sh', '--dry-run', '--out', out, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, 'PY': sys.executable})
+    assert_one_line(proc, *words)
+
+
+def test_field_runs_skipped_for_time_are_not_failures(tmp_path, monkeypatch):
+    """A field section the budget cut short says ``skipped: out of time`` (its runs were never tried), not
+    ``failed``; a run that failed still makes it ``failed``."""
+    ctx = gpu_check.Context(True, False, str(tmp_path), str(tmp_path / 'log'), 0)      # no time left at all
+    result = gpu_check.section_field(ctx)
+    assert result['status'] == 'skipped: out of time'
+    assert f'{len(gpu_check.field_runs())} of {len(gpu_check.field_runs())} runs skipped' in result['summary']
+    monkeypatch.setattr(gpu_check.Context, 'left', lambda self, reserve=5: 100.0 if not hasattr(self, 'n') else 0)
+
+    def fail(*args):
+        ctx.n = 1
+        raise RuntimeError('boom')
+    monkeypatch.setattr(gpu_check, 'forked', fail)
+    assert gpu_check.section_field(ctx)['status'] == 'failed'
 
 
 def test_outcome_never_says_passed_without_cuda(tmp_path):

@@ -82,9 +82,10 @@ def test_a_diverged_probe_says_so_and_the_normalized_probe(tiny_ckpt, tmp_path):
     with open(os.path.join(folder, 'results.json')) as f:
         results = json.load(f)
     assert results['probe_diverged'] and 'above chance level (ln 10' in results['probe_warning']
-    assert 'warning: the linear probe diverged' in bad.stdout
+    assert 'test NLL' in results['probe_warning'] and 'does not measure' not in results['probe_warning']
+    assert 'warning: the linear probe did not converge' in bad.stderr and 'warning' not in bad.stdout
     with open(os.path.join(folder, 'warnings.txt')) as f:
-        assert 'the linear probe diverged' in f.read()
+        assert 'the linear probe did not converge' in f.read()
     run_script('main_linear.py', *args, '--learning_rate', 0.1, '--probe_norm', 'bn', '--save_folder', tmp_path / 'bn')
     folder = only_run_folder(tmp_path / 'bn')
     with open(os.path.join(folder, 'results.json')) as f:

@@ -99,4 +99,8 @@ def test_probe_divergence_flags_a_loss_above_chance_or_not_finite():
     assert 'above chance level (ln 10' in probe_divergence([13.3, 22.8, 11.9], 10, 8.3)
     assert 'above chance level' in probe_divergence([1.0, 2.4], 10)          # rose back above ln 10 = 2.303
     assert 'not finite' in probe_divergence([1.0, 0.5], 10, math.nan)
+    assert 'its test NLL is not finite' in probe_divergence([1.0, 0.5], 10, math.inf)
+    absurd = probe_divergence([9.0, 1.0], 10, 1.2e28)       # the training loss came down; the NLL did not
+    assert 'test NLL 1.2e+28 is over 10 x chance level' in absurd
+    assert probe_divergence([9.0, 1.0], 10, 10 * math.log(10)) is None       # at the threshold: not flagged
     assert probe_divergence([0.69], 2) is None and probe_divergence([0.7], 2) is not None    # ln 2 = 0.693
