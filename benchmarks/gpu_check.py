@@ -51,13 +51,13 @@ PY = sys.executable
 
 # number, key, title, needs CUDA, time bound on a GPU (s), time bound in the dry run (s)
 SECTIONS = [
-    (1, 'environment', 'Environment', False, 60, 30),
-    (2, 'cuda_tests', '`pytest -m cuda`', True, 330, 60),
-    (3, 'loop_syncs', 'Host synchronizations per iteration of the training loop', True, 240, 60),
-    (4, 'throughput', 'Throughput against the targets (`benchmarks/gpu_throughput.py --compile`)', True, 480, 60),
-    (5, 'forms', 'The accelerator forms', True, 240, 60),
-    (6, 'recipe', 'A real recipe: SupCon resnet18 on CIFAR-10-layout files, `--deterministic`', True, 300, 90),
-    (7, 'field', 'The field on the GPU (digits, 32 px, resnet18, one seed)', True, 420, 120),
+    (1, 'environment', 'Environment', False, 60, 60),
+    (2, 'cuda_tests', '`pytest -m cuda`', True, 330, 90),
+    (3, 'loop_syncs', 'Host synchronizations per iteration of the training loop', True, 240, 90),
+    (4, 'throughput', 'Throughput against the targets (`benchmarks/gpu_throughput.py --compile`)', True, 480, 90),
+    (5, 'forms', 'The accelerator forms', True, 240, 120),
+    (6, 'recipe', 'A real recipe: SupCon resnet18 on CIFAR-10-layout files, `--deterministic`', True, 300, 150),
+    (7, 'field', 'The field on the GPU (digits, 32 px, resnet18, one seed)', True, 420, 240),
 ]
 RESULT_MARK = 'GPU_CHECK_SECTION_RESULT '
 

@@ -74,3 +74,18 @@ def shared_run(tmp_path_factory):
             done[name] = (only_run_folder(root), proc)
         return done[name]
     return get
+
+
+@pytest.fixture(scope='session')
+def slurm(tmp_path_factory):
+    """A one-node SLURM cluster on this machine (tests/slurm_cluster.py), stopped after the session; the tests that
+    use it carry ``@pytest.mark.xdist_group('slurm')``, so one worker starts it."""
+    import slurm_cluster
+    why = slurm_cluster.unavailable()
+    if why and os.environ.get('SWEEP_SLURM_REQUIRED') == '1':       # .ci/run installed it: it must work
+        pytest.fail(why)
+    if why:
+        pytest.skip(why)
+    cluster = slurm_cluster.start(str(tmp_path_factory.mktemp('slurm')))
+    yield cluster
+    slurm_cluster.stop(cluster)

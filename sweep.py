@@ -1,0 +1,514 @@
+"""A comparison grid as one file: methods x settings x seeds, both stages, then the paired comparison.
+
+    python sweep.py sweeps/ablation_digits.yaml                       # run it here (--jobs N at once)
+    python sweep.py sweeps/ablation_digits.yaml --launcher slurm --partition gpu --gpus_per_node 1
+    python sweep.py sweeps/ablation_digits.yaml --status              # where it stands; nothing runs
+    python sweep.py sweeps/ablation_digits.yaml --dry-run             # the plan and its commands
+
+Every cell (a method, the grid's values, a seed) has a stable folder, ``<save_folder>/sweeps/<name>/runs/<method>/
+<axis=value,...>/seed_<s>/``, with a folder per stage (``pretrain``, then each evaluation) and a log per stage. A
+stage with its result is skipped, one with a checkpoint continues with ``--resume``, a failed one is listed with its
+log's last line and runs again only under ``--retry-failed``: a sweep never deletes a result, and a call after an
+interruption loses nothing and redoes nothing. At the end: ``table.md`` (compare.py: mean ± std, paired differences
+from the baseline with their 95 % intervals, per group), ``figure.png`` and ``sweep.json`` (every cell: its flags,
+state, time and folders). docs/USAGE.md, "Sweeps", has the file's schema.
+"""
+import json
+import math
+import os
+import signal
+import sys
+import time
+
+import compare
+import sweep_plan
+import sweep_run
+from flags import Parser, UserError
+from sweep_plan import STAGE1
+from util import error_line
+
+
+def parse_args(argv):
+    p = Parser(description=__doc__.splitlines()[0], prog='sweep.py')
+    p.add_argument('file', help='the sweep file (sweeps/*.yaml)')
+    p.add_argument('--launcher', choices=['local', 'slurm'], default='local',
+                   help='local: runs on this machine; slurm: one SLURM job per cell, through submitit')
+    p.add_argument('--jobs', type=int, default=None,
+                   help='local: stages at once (default: the GPUs, one run each, else the cores, one thread each); '
+                        'threads per run: cores / jobs')
+    p.add_argument('--dry-run', action='store_true', help='print the plan (cells, states, commands); run nothing')
+    p.add_argument('--status', action='store_true', help='print the state of every cell; run nothing')
+    p.add_argument('--only', action='append', default=[], metavar='PATTERN',
+                   help="only the cells whose name matches (a shell pattern: 'SupCon *', '* seed 0'); repeatable")
+    p.add_argument('--retry-failed', action='store_true', help='run failed stages again (they are skipped otherwise)')
+    p.add_argument('--save_folder', default=None, help='root of the sweep folder (default: the file\'s, else ./save)')
+    slurm = p.add_argument_group('the SLURM launcher (also the file\'s slurm: section; these win)')
+    slurm.add_argument('--partition', default=None, help='SLURM partition')
+    slurm.add_argument('--time_min', type=int, default=None, help='time limit of a job in minutes (default 60); a job '
+                                                                  'that reaches it is requeued and continues')
+    slurm.add_argument('--gpus_per_node', type=int, default=None, help='GPUs of a job (per node)')
+    slurm.add_argument('--cpus_per_task', type=int, default=None, help='CPUs of each task (default 1)')
+    slurm.add_argument('--mem_gb', type=float, default=None, help='memory of a job (per node)')
+    slurm.add_argument('--nodes', type=int, default=None, help='nodes of a job (default 1)')
+    slurm.add_argument('--tasks_per_node', type=int, default=None,
+                       help='processes per node of a job: above 1 a run is distributed (DDP), one process per task')
+    slurm.add_argument('--array_parallelism', type=int, default=None, help='jobs of the array running at once')
+    slurm.add_argument('--slurm_setup', action='append', default=None, metavar='LINE',
+                       help='a line the job script runs first (module load ..., source env/bin/activate); repeatable')
+    slurm.add_argument('--no_wait', action='store_true', help='submit and return (--status shows the jobs; a later '
+                                                              'call writes the table)')
+    slurm.add_argument('--poll_s', type=float, default=15, help='how often the waiting launcher looks at its jobs')
+    args = p.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        p.error(f'--jobs must be >= 1, got {args.jobs}')
+    if args.dry_run and args.status:
+        p.error('--dry-run and --status are two views: give one')
+    if not args.poll_s > 0:
+        p.error(f'--poll_s must be > 0, got {args.poll_s}')
+    for key in ('time_min', 'gpus_per_node', 'cpus_per_task', 'nodes', 'tasks_per_node', 'array_parallelism'):
+        value = getattr(args, key)
+        if value is not None and value < (0 if key == 'gpus_per_node' else 1):
+            p.error(f'--{key} must be >= {0 if key == "gpus_per_node" else 1}, got {value}')
+    return args
+
+
+# ---------------------------------------------------------------- states
+def states(sweep, cells):
+    """``{(cell name, stage name): state}`` now (sweep_run.state, and ``queued`` for a cell whose SLURM job is still
+    in the queue)."""
+    records = {cell.name: sweep_run.read_record(cell.folder) for cell in cells}
+    jobs = {r['_slurm']['job'] for r in records.values() if '_slurm' in r}
+    held = sweep_run.queued(jobs) if jobs else set()
+    out = {}
+    for cell in cells:
+        record = records[cell.name]
+        in_flight = '_slurm' in record and record['_slurm']['job'] in held
+        for stage in cell.stages:
+            now = sweep_run.state(stage, record)
+            out[(cell.name, stage.name)] = 'queued' if in_flight and now != 'done' else now
+    return out
+
+
+def to_run(cells, now, retry_failed):
+    """``[(cell, [stages still to run])]``: a cell whose stage 1 failed (without --retry-failed) or is queued
+    elsewhere is left out; so is a done stage."""
+    tasks = []
+    for cell in cells:
+        wanted = []
+        for stage in cell.stages:
+            state = now[(cell.name, stage.name)]
+            if state in ('done', 'queued', 'running') or (state == 'failed' and not retry_failed):
+                if stage.name == STAGE1 and state != 'done':
+                    break               # its evaluations wait for it
+                continue
+            wanted.append(stage)
+        if wanted:
+            tasks.append((cell, wanted))
+    return tasks
+
+
+def status_table(sweep, cells, now):
+    stages = [STAGE1, *sweep.evaluations]
+    lines = ['| cell | ' + ' | '.join(stages) + ' | folder |', '| --- |' + ' --- |' * (len(stages) + 1)]
+    for cell in cells:
+        record = sweep_run.read_record(cell.folder)
+        row = []
+        for name in stages:
+            if cell.stage(name) is None:
+                row.append('')
+                continue
+            state = now[(cell.name, name)]
+            entry = record.get(name, {})
+            text = state + (f' ({entry["seconds"]:.0f} s)' if state == 'done' and entry.get('seconds') else '')
+            if state == 'failed':
+                text += f': {entry.get("last_line", "")[:90]}'
+            row.append(text)
+        lines.append(f'| {cell.name} | ' + ' | '.join(row) + f' | {shown(cell.folder)} |')
+    counts = {}
+    for state in now.values():
+        counts[state] = counts.get(state, 0) + 1
+    summary = ', '.join(f'{n} {state}' for state, n in sorted(counts.items()))
+    return '\n'.join(lines), summary
+
+
+# ---------------------------------------------------------------- progress
+def shown(path):
+    """A path as a user reads it: relative to here when below here, else absolute."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith('..') else rel
+
+
+def clock(seconds):
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f'{hours}:{minutes:02d}:{secs:02d}'
+
+
+class Progress:
+    """Runs done / running / failed / left, time so far and left: a bar on a terminal, a line per event in a log."""
+
+    def __init__(self, name, total):
+        from tqdm import tqdm
+        self.total, self.start, self.running = total, time.time(), set()
+        self.counts = {'done': 0, 'failed': 0, 'interrupted': 0}
+        self.bar = tqdm(total=total, desc=f'sweep {name}', unit='run', dynamic_ncols=True, disable=None)
+
+    def line(self):
+        finished = self.counts['done'] + self.counts['failed']
+        elapsed = time.time() - self.start
+        left = max(0, self.total - finished - self.counts['interrupted'] - len(self.running))
+        eta = f', about {clock(elapsed / finished * (left + len(self.running) / 2))} left' if finished else ''
+        return (f'{self.counts["done"]} done, {len(self.running)} running, {self.counts["failed"]} failed, '
+                f'{left} left; {clock(elapsed)} so far{eta}')
+
+    def __call__(self, kind, cell, stage, **info):
+        key = (cell.name, stage.name)
+        if kind == 'start':
+            self.running.add(key)
+            text = f'start: {cell.name}, {stage.name}' + (f' (GPU {info["gpu"]})' if info.get('gpu') else '')
+        else:
+            self.running.discard(key)
+            self.counts[kind] += 1
+            if kind == 'done':
+                self.bar.update(1)
+            text = f'{kind}: {cell.name}, {stage.name} ({info.get("seconds") or 0:.0f} s)'
+            if kind != 'done':
+                text += f': {info.get("line", "")}'
+        self.bar.set_postfix_str(self.line())
+        if self.bar.disable or kind != 'start':
+            self.write(f'{text} | {self.line()}')
+
+    def write(self, text):
+        if self.bar.disable:
+            print(text, flush=True)
+        else:
+            self.bar.write(text)
+
+    def close(self):
+        self.bar.close()
+
+
+# ---------------------------------------------------------------- the end: table, figure, sweep.json
+def result_of(cell, evaluation):
+    """The results.json path that stands for ``cell`` in a table of ``evaluation``: that evaluation's, or (a cell
+    without it: main_ce.py's) its stage 1's own."""
+    stage = cell.stage(evaluation) if evaluation else None
+    return (stage or cell.stage(STAGE1)).result()
+
+
+def groups_of(sweep, table, cells):
+    """``[(group label, [(row label, [(cell, results.json path)])])]`` of one ``compare:`` table."""
+    by = table['by']
+    groups = {}
+    for cell in cells:
+        if cell.method not in table['methods']:
+            continue
+        group = ', '.join(f'{a}={cell.axes[a]}' for a in by)
+        rest = ', '.join(f'{a}={v}' for a, v in cell.axes.items() if a not in by)
+        if table['rows'] == 'method':
+            entries = [(cell.method + (f', {rest}' if rest else ''), table['evaluation'])]
+        else:
+            stages = [s.name for s in cell.stages if s.name != STAGE1]
+            entries = [((f'{cell.method} ' if len(table['methods']) > 1 else '') + s + (f', {rest}' if rest else ''),
+                        s) for s in stages]
+        for label, evaluation in entries:
+            groups.setdefault(group, {}).setdefault(label, []).append((cell, result_of(cell, evaluation)))
+    return [(g, list(rows.items())) for g, rows in groups.items()]
+
+
+def baseline_label(table, rows):
+    base = table.get('baseline')
+    if base is None:
+        return None
+    base = str(base)
+    return next((label for label, _ in rows if label == base or label.startswith(f'{base}, ')), None)
+
+
+def write_results(sweep, cells, now):
+    """``table.md``, ``figure.png`` (one per further table) and ``sweep.json`` in the sweep's folder; returns their
+    paths (the table and figures only where some cell has a result)."""
+    os.makedirs(sweep.folder, exist_ok=True)
+    written = {'sweep.json': os.path.join(sweep.folder, 'sweep.json')}
+    lines = [f'# Sweep {sweep.name}', '']
+    if sweep.description:
+        lines += [sweep.description, '']
+    lines += [f'From `{shown(sweep.path)}`, {len(cells)} cells; '
+              f'{sum(1 for s in now.values() if s == "done")} of {len(now)} runs done.', '']
+    figures = []
+    for i, table in enumerate(sweep.compare):
+        metric = table['metric']
+        title = table['name'] if len(sweep.compare) > 1 else None
+        panels = []
+        for group, rows in groups_of(sweep, table, cells):
+            read_rows, missing = [], []
+            for label, entries in rows:
+                results = []
+                for cell, path in entries:
+                    if path is None:
+                        missing.append(f'{label} seed {cell.seed}')
+                        continue
+                    with open(path) as f:
+                        result = json.load(f)
+                    if table['train_metrics']:
+                        compare.add_training_metrics(path, result, table['train_metrics'])
+                    results.append(result)
+                if results:
+                    read_rows.append((label, results))
+            heading = ' — '.join(x for x in (title, group) if x)
+            if heading:
+                lines += [f'## {heading}', '']
+            if not read_rows:
+                lines += ['No results yet.', '']
+                continue
+            base = baseline_label(table, read_rows)
+            lines += [compare.table(read_rows, table['train_metrics'], base, metric), '']
+            if missing:
+                lines += [f'Not done yet (left out): {", ".join(missing)}.', '']
+            panels.append((group, read_rows, base))
+        if panels:
+            name = 'figure.png' if i == 0 else f'figure_{sweep_plan.folder_part(table["name"])}.png'
+            figure(panels, metric, os.path.join(sweep.folder, name), title or sweep.name)
+            figures.append(name)
+    if any(s == 'done' for s in now.values()):
+        with open(os.path.join(sweep.folder, 'table.md'), 'w') as f:
+            f.write('\n'.join(lines).rstrip() + '\n')
+        written['table.md'] = os.path.join(sweep.folder, 'table.md')
+        for name in figures:
+            written[name] = os.path.join(sweep.folder, name)
+    record = {'sweep': sweep.name, 'file': os.path.abspath(sweep.path), 'folder': sweep.folder,
+              'written': time.strftime('%Y-%m-%d %H:%M:%S'), 'cells': []}
+    for cell in cells:
+        cell_record = sweep_run.read_record(cell.folder)
+        record['cells'].append({
+            'name': cell.name, 'method': cell.method, 'axes': cell.axes, 'seed': cell.seed, 'folder': cell.folder,
+            'stages': {s.name: {'state': now[(cell.name, s.name)], 'script': s.script, 'flags': s.argv,
+                                'run_folder': s.run() if isinstance(s.run(), str) else None, 'result': s.result(),
+                                **{k: cell_record.get(s.name, {}).get(k) for k in ('seconds', 'attempts', 'exit',
+                                                                                  'last_line', 'command')}}
+                       for s in cell.stages}})
+    with open(written['sweep.json'], 'w') as f:
+        json.dump(record, f, indent=2)
+    return written
+
+
+def figure(panels, metric, path, title):
+    """Each row's ``metric`` (mean and its 95 % t interval over seeds), one panel per group; the baseline's mean as a
+    dashed line, each other row coloured by its paired difference from it (interval above 0: green, below: red)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from scipy.stats import t
+    height = max(2.5, 0.32 * max(len(rows) for _, rows, _ in panels) + 1.2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels) + 2, height), squeeze=False, sharey=True)
+    for ax, (group, rows, base) in zip(axes[0], panels):
+        labels = [label for label, _ in rows]
+        for y, (label, results) in enumerate(rows):
+            values = [r[metric] for r in results if metric in r]
+            if not values:
+                continue
+            mean, sd = compare.mean_std(values)
+            half = float(t.ppf(0.975, len(values) - 1)) * sd / math.sqrt(len(values)) if sd is not None else 0
+            colour, n = 'black', 0
+            if base is not None and label != base:
+                n, diff, dhalf = compare.paired_difference(results, dict(rows)[base], metric)
+                if dhalf is not None and diff - dhalf > 0:
+                    colour = 'tab:green'
+                elif dhalf is not None and diff + dhalf < 0:
+                    colour = 'tab:red'
+                else:
+                    colour = 'tab:grey'
+            ax.errorbar(mean, y, xerr=half, fmt='o', color=colour, capsize=3)
+            if base is not None and label != base and n:
+                ax.annotate(f'{diff:+.2f}' + (f' [{diff - dhalf:+.2f}, {diff + dhalf:+.2f}]' if dhalf else ''),
+                            (mean, y), textcoords='offset points', xytext=(0, 6), ha='center', fontsize=7,
+                            color=colour)
+        if base is not None:
+            values = [r[metric] for r in dict(rows)[base] if metric in r]
+            if values:
+                ax.axvline(sum(values) / len(values), color='black', linestyle='--', linewidth=0.8,
+                           label=f'{base} (baseline)')
+                ax.legend(fontsize=7, loc='lower left')
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels, fontsize=8)
+        name = dict((c[0], c[1]) for c in compare.COLUMNS).get(metric, metric)
+        ax.set_xlabel(f'{name}: mean and 95 % CI over seeds', fontsize=8)
+        ax.set_title(group or title, fontsize=9)
+        ax.grid(axis='x', alpha=0.3)
+    axes[0][0].invert_yaxis()           # shared: the first row on top, once
+    fig.suptitle(f'{title}: green / red = paired 95 % CI of the difference from the baseline above / below 0 (the '
+                 'numbers: that difference)' if any(
+        b for _, _, b in panels) else title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- the command
+def hold(folder):
+    """The sweep folder's lock for this process (one sweep call at a time runs a sweep); a :class:`UserError` naming
+    the holder otherwise."""
+    import fcntl
+    os.makedirs(folder, exist_ok=True)
+    f = open(os.path.join(folder, '.lock'), 'a+')
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        raise UserError(f'{folder} is in use by {f.read().strip() or "another sweep.py"}: wait for it, or look with '
+                        '--status') from None
+    f.seek(0)
+    f.truncate()
+    f.write(f'pid {os.getpid()} since {time.strftime("%Y-%m-%d %H:%M:%S")}\n')
+    f.flush()
+    return f
+
+
+def slurm_settings(sweep, args):
+    settings = dict(sweep.slurm)
+    for key in ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb', 'nodes', 'tasks_per_node',
+                'array_parallelism'):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    if args.slurm_setup is not None:
+        settings['setup'] = args.slurm_setup
+    settings['job_name'] = f'sweep_{sweep.name}'
+    return settings
+
+
+def wait_slurm(cells, job_ids, progress, poll_s):
+    """Wait for the submitted cells, from their records and ``squeue``; a job gone from the queue without a record of
+    its end is recorded as failed (its SLURM output named)."""
+    seen = {}
+    pending = {c.name: c for c in cells if c.name in job_ids}
+    while pending:
+        held = sweep_run.queued(set(job_ids[name] for name in pending))
+        for name, cell in list(pending.items()):
+            record = sweep_run.read_record(cell.folder)
+            for stage in cell.stages:                       # what the job recorded since the last look
+                entry = record.get(stage.name, {})
+                now = (entry.get('state'), entry.get('attempts'))
+                if now[0] is None or seen.get((name, stage.name)) == now:
+                    continue
+                seen[(name, stage.name)] = now
+                if now[0] == 'running':
+                    progress('start', cell, stage)
+                else:
+                    progress(now[0], cell, stage, seconds=entry.get('seconds'), line=entry.get('last_line', ''))
+            if job_ids[name] in held:
+                continue
+            record = sweep_run.read_record(cell.folder)
+            for stage in cell.stages:
+                if sweep_run.state(stage, record) not in ('done', 'failed'):
+                    output = record.get('_slurm', {}).get('stdout', 'under the sweep folder, slurm/')
+                    line = f'the SLURM job {job_ids[name]} ended before this stage was done (its output: {output})'
+
+                    sweep_run.write_record(cell.folder, stage.name, state='failed', last_line=line)
+                    progress('failed', cell, stage, line=line)
+                    break
+            del pending[name]
+        if pending:
+            time.sleep(poll_s)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    sweep = sweep_plan.read(args.file, args.save_folder)
+    cells = sweep.select(args.only)
+    sweep_plan.prepare(sweep, cells)
+    now = states(sweep, cells)
+    if args.status or args.dry_run:
+        table, summary = status_table(sweep, cells, now)
+        print(f'sweep {sweep.name}: {len(cells)} cells, {summary}; folder {shown(sweep.folder)}')
+        print(table)
+        if args.dry_run:
+            tasks = to_run(cells, now, args.retry_failed)
+            print(f'\nwould run {sum(len(s) for _, s in tasks)} stages' + (' (and the evaluations of the stage-1 runs '
+                                                                           'they finish)' if tasks else ''))
+            for cell, stages in tasks:
+                for stage in stages:
+                    if stage.reads is not None:
+                        stage.stage1_run = cell.stage(stage.reads).run() or cell.stage(stage.reads).run_folder
+                    print(f'  {cell.name}, {stage.name}: python {" ".join(stage.command())}')
+        else:
+            for name in ('table.md', 'figure.png', 'sweep.json'):
+                if os.path.isfile(os.path.join(sweep.folder, name)):
+                    print(f'{name}: {shown(os.path.join(sweep.folder, name))}')
+        return 0
+    lock = hold(sweep.folder)
+    with open(os.path.join(sweep.folder, 'sweep_file.yaml'), 'w') as f:
+        f.write(sweep.text)               # the file as this call read it
+    tasks = to_run(cells, now, args.retry_failed)
+    failed_before = [k for k, s in now.items() if s == 'failed' and not args.retry_failed]
+    total = sum(len(stages) for _, stages in tasks)
+    print(f'sweep {sweep.name}: {len(cells)} cells; {sum(1 for s in now.values() if s == "done")} runs done, '
+          f'{total} to run' + (f', {len(failed_before)} failed before (--retry-failed runs them)' if failed_before
+                               else '') + f'; folder {shown(sweep.folder)}', flush=True)
+    progress = Progress(sweep.name, total)
+    code = 0
+    try:
+        if args.launcher == 'local':
+            import torch
+            jobs = args.jobs or (torch.cuda.device_count() or min(os.cpu_count() or 1, 8))
+            sweep_run.run_local(tasks, jobs, progress)
+        elif tasks:
+            job_ids = sweep_run.submit_slurm([c for c, _ in tasks], sweep.folder, slurm_settings(sweep, args))
+            progress.write(f'submitted {len(job_ids)} SLURM jobs ({", ".join(sorted(set(job_ids.values()))[:4])}'
+                           f'{", ..." if len(job_ids) > 4 else ""}); their output: {sweep.folder}/slurm/')
+            if args.no_wait:
+                progress.close()
+                print(f'not waiting: python sweep.py {args.file} --status shows them; call again for the table')
+                return 0
+            wait_slurm([c for c, _ in tasks], job_ids, progress, args.poll_s)
+    except sweep_run.Stop as e:
+        progress.close()
+        print(f'sweep.py: interrupted; the running stages stopped with their last checkpoints intact: python sweep.py '
+              f'{args.file} continues them', file=sys.stderr)
+        code = 143 if e.signum == 15 else 130
+    except KeyboardInterrupt:
+        progress.close()
+        if args.launcher == 'slurm':
+            print(f'sweep.py: stopped waiting; the SLURM jobs go on (python sweep.py {args.file} --status)',
+                  file=sys.stderr)
+        code = 130
+    finally:
+        progress.close()
+    now = states(sweep, cells)
+    written = write_results(sweep, cells, now)
+    lock.close()
+    failed = [k for k, s in now.items() if s == 'failed']
+    left = [k for k, s in now.items() if s not in ('done', 'failed')]
+    for cell_name, stage_name in failed:
+        cell = next(c for c in cells if c.name == cell_name)
+        line = sweep_run.read_record(cell.folder).get(stage_name, {}).get('last_line', '')
+        print(f'failed: {cell_name}, {stage_name}: {line} (log: '
+              f'{shown(os.path.join(cell.folder, stage_name + ".log"))})', file=sys.stderr)
+    print(f'sweep {sweep.name}: {sum(1 for s in now.values() if s == "done")} of {len(now)} runs done'
+          + (f', {len(failed)} failed (--retry-failed runs them again)' if failed else '')
+          + (f', {len(left)} not done' if left else '') + '; '
+          + ', '.join(f'{name}: {shown(path)}' for name, path in written.items()))
+    return code or (1 if failed or left else 0)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt()
+
+
+def cli():
+    """``main`` with bad input as one line (exit 2) and an interrupt outside the running stages as one line (130)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        code = main()
+    except UserError as e:
+        print(f'sweep.py: error: {error_line(e)}', file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print('sweep.py: interrupted before any stage ran', file=sys.stderr)
+        code = 130
+    except BrokenPipeError:          # the output's reader went away (| head)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
+
+
+if __name__ == '__main__':
+    cli()
