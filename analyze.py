@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from checkpoint import load_checkpoint, load_encoder, run_checkpoint
+from cli import run_cli
 from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels, dataset_info
 from flags import Parser, UserError
 from knn import extract_features
 from monitors import rankme
+from run_folder import writable_folder
 from runtime import Runtime, resolve_device
-from util import run_cli, writable_folder
 
 
 def kappa_hat(features, labels):

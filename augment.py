@@ -431,7 +431,7 @@ class DeviceLoader:
         self.channels_last, self.drop_last = channels_last, drop_last
         self.augment = BatchAugment(size, *mean_std, style, kind,
                                     augment_generator(device, seed, rank) if self.train else None)
-        self.sampler = self                      # engine.train_loop calls loader.sampler.set_epoch(epoch)
+        self.sampler = self                      # loop.train_loop calls loader.sampler.set_epoch(epoch)
 
     def set_epoch(self, epoch):
         self.epoch = epoch

@@ -1,24 +1,24 @@
-"""The training skeleton the three scripts share: the run's set-up (device, torchrun, seed),
-the per-iteration loop (warm-up, autocast, scaler, meters, progress bar) and the epoch loop
-(schedule, evaluation, logging, checkpoints, ``--resume``)."""
+"""The run around a trainer, shared by the three scripts: its set-up (device, torchrun, seed, the run folder and its
+identity, ``--resume``'s checks) and its epochs (:func:`fit`: the schedule, the trainer's epoch and evaluation, the
+collapse watch, logging, checkpoints, ``--resume``), then ``results.json``. The loop inside an epoch is ``loop.py``'s,
+the step the trainer's (``steps.py``, ``probes.py``)."""
 import json
-import math
 import os
 import time
-from collections import defaultdict
-from typing import Callable, NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from checkpoint import load_checkpoint, load_model_state, save_checkpoint
-from distributed import all_gather_object, all_reduce_sum, barrier, init_distributed, is_main, rank, world_size
+from distributed import all_gather_object, barrier, init_distributed, is_main, rank, world_size
 from flags import UserError
-from losses import cross_entropy
+from loop import Optimization, Trainer
 from monitors import CollapseWatch
 from options import FEATURES
+from run_folder import RUN, hold_run_folder, writable_folder
+from run_log import RunLogger
 from runtime import (
     GENERATORS,
-    Runtime,
     get_rng_state,
     keep_freed_memory,
     rank_rng_state,
@@ -27,8 +27,6 @@ from runtime import (
     set_rng_state,
     set_seed,
 )
-from schedule import Schedule
-from util import RUN, AverageMeter, RunLogger, hold_run_folder, progress, writable_folder
 
 
 def setup(opt, run_folder=True):
@@ -86,7 +84,7 @@ def prepare_run_folder(opt):
     at anything else there, so a second process started on the same folder stops with one line naming the
     holder; a new run (no ``--resume``) is refused where the folder holds a checkpoint, or the identity
     (``run.json``) of another experiment (a flag that changes the result differs). The folder's identity is then
-    written. Interrupts then say how to continue (``util.RUN``)."""
+    written. Interrupts then say how to continue (``run_folder.RUN``)."""
     folder = writable_folder(opt.run_folder, '--save_folder (the run folder)')
     problem = None
     if is_main():
@@ -154,196 +152,24 @@ def ways_on(last, epochs):
     return text
 
 
-class ScaledBackward:
-    """``backward(loss)`` of a training step: the ``GradScaler``-scaled backward (``--amp fp16``; plain otherwise).
-    :meth:`scale` is the factor it multiplies by, as a device tensor (``None`` without a scaler), for code that
-    takes gradients itself (CARROT's balance): gradients of the scaled loss do not underflow in float16."""
+def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str] = None
+        ) -> tuple[dict, Optional[dict]]:
+    """Run epochs ``1..opt.epochs`` (or continue from ``--resume``) of ``trainer`` (a :class:`loop.Trainer`) over
+    ``loader``.
 
-    def __init__(self, scaler):
-        self.scaler = scaler
+    Each epoch: the schedule's learning rate, ``trainer.train_epoch(loader, optim, epoch)``, then
+    ``trainer.evaluate_epoch(epoch)``; ``select`` names the metric whose maximum picks the best epoch. Checkpoints hold
+    ``trainer.model`` and ``trainer.checkpointed()`` (a loss's buffers, the queue, ...); ``optim``: the optimizer, the
+    ``GradScaler`` (its scale travels in checkpoints under ``--amp fp16``) and the schedule. ``<run>/last.pth`` is
+    written every epoch, ``ckpt_epoch_N.pth`` every ``--save_freq`` epochs. Returns ``(last metrics, best metrics)``.
 
-    def __call__(self, loss):
-        self.scaler.scale(loss).backward()
-
-    def scale(self, device):
-        if not self.scaler.is_enabled():
-            return None
-        return self.scaler.scale(torch.ones((), device=device))      # the scale itself, read without a sync
-
-
-MAX_SKIPPED_STEPS = 25    # --amp fp16: this many steps skipped in a row end the run (the scale fell by 2^25)
-
-
-class Optimization(NamedTuple):
-    """What the training loop updates with: the ``optimizer``, the ``scaler`` (``torch.amp.GradScaler``: enabled under
-    ``--amp fp16``, a pass-through otherwise) and the learning-rate ``schedule``."""
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    schedule: Schedule
-
-
-def train_loop(loader, optim: Optimization, epoch, step, desc, print_freq=10):
-    """One epoch of ``step(batch, backward) -> (loss, batch size, {name: scalar tensor})``, with ``optim``'s
-    schedule's warm-up; without a progress bar a line every ``print_freq`` iterations.
-
-    The step back-propagates by calling ``backward(loss)`` (a :class:`ScaledBackward`) itself, once or in parts
-    (gradient caching); the loop zeroes the gradients before it and steps the optimizer after it. The host
-    reads a step's loss and statistics once, after the next step has been queued (so an accelerator never
-    waits for the host between steps); nothing else in a step waits for the device.
-
-    ``--amp fp16``: a step whose gradients are not finite is skipped by the ``GradScaler`` (which lowers its
-    scale); such steps are counted (``train/amp/skipped``), left out of the epoch means, and the run stops
-    with one line after ``MAX_SKIPPED_STEPS`` in a row. Without fp16 a non-finite loss stops the run at once.
-    Returns the epoch means.
-    """
-    optimizer, scaler, schedule = optim
-    meters = defaultdict(AverageMeter)
-    if hasattr(loader.sampler, 'set_epoch'):
-        loader.sampler.set_epoch(epoch)    # DistributedSampler: a new shuffle every epoch
-    bar = progress(loader, f'{desc} epoch {epoch}')
-    backward = ScaledBackward(scaler)
-    fp16 = scaler.is_enabled()
-    state = {'pending': None, 'skipped': 0, 'in_a_row': 0}
-    start = time.time()
-
-    def read(pending):
-        """The host's one read of a step's values: meters, the skip count, the progress line."""
-        idx, n, names, values = pending
-        values = values.tolist()
-        skipped = values.pop() > 0 if fp16 else False
-        if skipped or not math.isfinite(values[0]):
-            if not fp16:
-                raise UserError(f'the loss became {values[0]} at epoch {epoch}, iteration {idx + 1}; '
-                                'lower --learning_rate (or use --amp none)')
-            state['skipped'] += 1
-            state['in_a_row'] += 1
-            if state['in_a_row'] >= MAX_SKIPPED_STEPS:
-                raise UserError(f'{MAX_SKIPPED_STEPS} steps in a row had non-finite gradients under --amp fp16 '
-                                f'(epoch {epoch}, iteration {idx + 1}; the loss is {values[0]}); use --amp bf16 or '
-                                'none, or lower --learning_rate')
-            return
-        state['in_a_row'] = 0
-        for name, value in zip(names, values):
-            meters[name].update(value, n)
-        if bar.disable and (idx + 1) % print_freq == 0:      # SupContrast's line: batch and data time, then the loss
-            bt, dt, loss = times['batch'], times['data'], meters['loss']
-            print(f'{desc}: [{epoch}][{idx + 1}/{len(loader)}]\tBT {bt.val:.3f} ({bt.avg:.3f})\t'
-                  f'DT {dt.val:.3f} ({dt.avg:.3f})\tloss {loss.val:.4f} ({loss.avg:.4f})', flush=True)
-        elif not bar.disable:
-            bar.set_postfix(loss=f'{meters["loss"].avg:.4f}', data=f'{times["data"].avg:.3f}s')
-
-    times = {'batch': AverageMeter(), 'data': AverageMeter()}    # host seconds per iteration, and waiting for data
-    end = time.time()
-    for idx, batch in enumerate(bar):
-        times['data'].update(time.time() - end)
-        schedule.warmup(optimizer, epoch, idx, len(loader))
-        optimizer.zero_grad(set_to_none=True)
-        loss, n, stats = step(batch, backward)
-        scale_before = backward.scale(loss.device) if fp16 else None
-        scaler.step(optimizer)
-        scaler.update()
-        names = ['loss'] + list(stats)
-        values = [loss.detach().float()] + [torch.as_tensor(v, dtype=torch.float32, device=loss.device).detach()
-                                            for v in stats.values()]
-        values = all_reduce_sum(torch.stack(values)) / world_size()      # the mean over processes
-        if fp16:     # the scaler lowers its scale exactly when it skips the step
-            values = torch.cat([values, (backward.scale(loss.device) < scale_before).float()[None]])
-        if state['pending'] is not None:
-            read(state['pending'])
-        state['pending'] = (idx, n, names, values)
-        times['batch'].update(time.time() - end)
-        end = time.time()
-    if state['pending'] is not None:
-        read(state['pending'])
-    out = {f'train/{k}': m.avg for k, m in meters.items()}
-    if fp16:
-        out['train/amp/skipped'] = state['skipped']
-    out['train/epoch_time'] = time.time() - start
-    out['train/data_time'] = times['data'].sum
-    return out
-
-
-SHOT_GROUPS = {'many': (101, None), 'medium': (20, 100), 'few': (0, 19)}   # training samples per class
-
-
-class CalibrationBins:
-    """The expected calibration error (L1) over ``n_bins`` equal-width confidence bins, accumulated on ``device``:
-    ``ECE = sum_b |sum_{i in b} 1[correct_i] - sum_{i in b} conf_i| / N`` with ``conf_i`` the top probability and
-    bin ``b`` holding ``conf`` in ``[b / n, (b + 1) / n)`` (``bucketize(right=True) - 1``), ``conf = 1`` in a bin of
-    its own (index ``n``): torchmetrics' ``MulticlassCalibrationError`` binning, which it equals up to rounding.
-    Per-bin sums are one-hot products in float64: deterministic, fixed shapes."""
-
-    def __init__(self, n_bins, device):
-        self.edges = torch.linspace(0, 1, n_bins + 1, device=device)
-        self.sums = torch.zeros(2, n_bins + 1, dtype=torch.float64, device=device)   # correct, confidence
-        self.count = torch.zeros((), dtype=torch.float64, device=device)
-
-    def update(self, probs, labels):
-        conf, pred = probs.max(1)
-        bins = torch.bucketize(conf, self.edges, right=True) - 1            # conf == 1 gets its own last bin
-        members = (bins[:, None] == torch.arange(self.sums.shape[1], device=bins.device)).double()
-        self.sums += torch.stack([(pred == labels).double(), conf.double()]) @ members
-        self.count += labels.shape[0]
-
-    def compute(self):
-        return float((self.sums[0] - self.sums[1]).abs().sum() / self.count.clamp(min=1))
-
-
-@torch.no_grad()
-def evaluate(runtime: Runtime, loader, predict, prefix, num_classes, class_counts=None):
-    """Over ``loader``: the cross-entropy loss (``<prefix>/nll``), top-1 accuracy, the expected calibration error
-    (:class:`CalibrationBins`: 15 equal-width confidence bins, as torchmetrics' ``MulticlassCalibrationError``) of
-    ``predict(images) -> logits``, and the per-class accuracy (a list under ``<prefix>/per_class_acc``). With
-    ``class_counts`` (training samples per class) also many-shot (> 100), medium-shot (20-100) and few-shot (< 20)
-    accuracy: over the test samples of the classes in each group (groups without classes are left out).
-    Everything accumulates on the device in fixed shapes and is read once, after the last batch."""
-    device = runtime.device
-    ece = CalibrationBins(15, device)
-    classes = torch.arange(num_classes, device=device)
-    totals = torch.zeros(2, dtype=torch.float64, device=device)   # summed NLL, correct; read once
-    per_class = torch.zeros(2, num_classes, dtype=torch.float64, device=device)   # correct, seen
-    for images, labels in progress(loader, f'eval {prefix}'):
-        images, labels = runtime.to_device(images), labels.to(device, non_blocking=True)
-        with runtime.autocast():
-            logits = predict(images)
-        logits = logits.float()
-        hit = logits.argmax(1) == labels
-        totals += torch.stack([cross_entropy(logits, labels, reduction='sum'), hit.sum()]).double()
-        members = (labels[:, None] == classes).double()                  # [n, C]: no bincount, no atomics
-        per_class += torch.stack([(members * hit[:, None]).sum(0), members.sum(0)])
-        ece.update(logits.softmax(1), labels)
-    (loss_sum, correct), (hits, seen) = totals.tolist(), per_class.tolist()
-    count = sum(seen)
-    out = {f'{prefix}/acc': 100.0 * correct / count, f'{prefix}/nll': loss_sum / count, f'{prefix}/ece': ece.compute(),
-           f'{prefix}/per_class_acc': [100.0 * h / n if n else float('nan') for h, n in zip(hits, seen)]}
-    for group, (lo, hi) in (SHOT_GROUPS.items() if class_counts is not None else ()):
-        members = [c for c, n in enumerate(class_counts) if n >= lo and (hi is None or n <= hi)]
-        n = sum(seen[c] for c in members)
-        if n:
-            out[f'{prefix}/{group}_acc'] = 100.0 * sum(hits[c] for c in members) / n
-    return out
-
-
-def fit(opt, model: torch.nn.Module, optim: Optimization, train_epoch: Callable[[int], dict],
-        evaluate_epoch: Optional[Callable[[int], dict]] = None, select: Optional[str] = None,
-        extra: Optional[dict] = None) -> tuple[dict, Optional[dict]]:
-    """Run epochs ``1..opt.epochs`` (or continue from ``--resume``).
-
-    ``train_epoch(epoch)`` and ``evaluate_epoch(epoch)`` return metric dicts;
-    ``select`` names the metric whose maximum picks the best epoch; ``extra`` maps
-    names to objects with ``state_dict``/``load_state_dict`` (loss buffers, ...)
-    saved in and restored from checkpoints; ``optim``: the optimizer, the ``GradScaler`` (its scale travels
-    in checkpoints under ``--amp fp16``) and the schedule. ``<run>/last.pth`` is written every
-    epoch, ``ckpt_epoch_N.pth`` every ``--save_freq`` epochs. Returns
-    ``(last metrics, best metrics)``.
-
-    Under torchrun, ``model`` is the unwrapped module; every process resumes from the same
+    Under torchrun, ``trainer.model`` is the unwrapped module; every process resumes from the same
     checkpoint (its own RNG state from the saved list), and only rank 0 logs and writes. What cannot
     be restored exactly on this machine (RNG states of other devices or another number of processes,
     a scaler state of a run without fp16) is re-seeded or started afresh, with a notice printed and
     written to ``<run>/warnings.txt``.
     """
-    extra = extra or {}
+    model, extra = trainer.model, trainer.checkpointed()
     optimizer, scaler, schedule = optim
     start, best = 1, None
     watch = CollapseWatch()
@@ -376,10 +202,9 @@ def fit(opt, model: torch.nn.Module, optim: Optimization, train_epoch: Callable[
     started = time.time()
     for epoch in range(start, opt.epochs + 1):
         schedule.adjust(optimizer, epoch)
-        metrics = train_epoch(epoch)
+        metrics = trainer.train_epoch(loader, optim, epoch)
         metrics['train/lr'] = optimizer.param_groups[0]['lr']
-        if evaluate_epoch is not None:
-            metrics.update(evaluate_epoch(epoch))
+        metrics.update(trainer.evaluate_epoch(epoch))
         if select is not None and (best is None or metrics[select] > best[select]):
             best = {**{k: v for k, v in metrics.items() if not k.startswith('hist/')}, 'epoch': epoch}
         rng = all_gather_object(get_rng_state())     # every process's, for an exact --resume

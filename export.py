@@ -23,10 +23,12 @@ import subprocess
 import torch
 
 from checkpoint import clean_state_dict, current_umask, load_checkpoint, run_checkpoint
+from cli import run_cli
 from data import DATASETS, mean_std
 from flags import Parser, UserError
 from networks import MODELS, build_encoder, parse_model_args
-from util import read_metrics, run_cli, writable_folder
+from run_folder import writable_folder
+from run_log import read_metrics
 
 TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name
 CIFAR_STEM = 'model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()'

@@ -29,7 +29,7 @@ SCRIPTS = ('supcon', 'ce', 'linear')
 
 
 class UserError(Exception):
-    """Bad input from the user: reported as one line on stderr with exit status 2 (``util.run_cli``)."""
+    """Bad input from the user: reported as one line on stderr with exit status 2 (``cli.run_cli``)."""
 # keys of a flag declaration that are ours, not argparse's
 OWN_KEYS = ('scripts', 'infinite_ok')
 

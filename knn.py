@@ -85,8 +85,8 @@ def knn_predict(train_feats, train_labels, test_feats, num_classes, k=200, t=0.1
     return torch.cat(preds)
 
 
-def knn_monitor(opt, model):
-    """``evaluate_epoch`` for ``main_supcon.py --knn_every N``: weighted kNN top-1 of ``model.encoder``'s
+def knn_monitor(opt):
+    """``monitor(encoder, epoch)`` for ``main_supcon.py --knn_every N``: weighted kNN top-1 of the encoder's
     features on the test split, every N epochs and at the last (``knn/acc``; with coarse training also
     ``knn/acc_fine``), and the effective rank of the unit test features (``collapse/rankme_test``,
     :func:`monitors.rankme`). Features are extracted once per evaluation; coarse labels are the fine ones mapped.
@@ -105,12 +105,12 @@ def knn_monitor(opt, model):
         label_maps = {'knn/acc': (torch.as_tensor(mapping, device=opt.device), len(classes)),
                       'knn/acc_fine': label_maps['knn/acc']}
 
-    def evaluate_epoch(epoch):
+    def monitor(encoder, epoch):
         if epoch % opt.knn_every and epoch != opt.epochs:
             return {}
-        model.eval()
-        bank, bank_y = extract_features(runtime, model.encoder, memory)
-        feats, y = extract_features(runtime, model.encoder, test)
+        encoder.eval()
+        bank, bank_y = extract_features(runtime, encoder, memory)
+        feats, y = extract_features(runtime, encoder, test)
         out = {}
         for key, (to, n_cls) in label_maps.items():
             pred = knn_predict(bank, to[bank_y], feats, n_cls, opt.knn_k, opt.knn_t)
@@ -122,7 +122,7 @@ def knn_monitor(opt, model):
                 out[f'{key}_{opt.knn_shots}shot'] = 100.0 * (pred == to[y]).float().mean().item()
         out['collapse/rankme_test'] = rankme(feats)      # effective rank of the unit test features
         return out
-    return evaluate_epoch
+    return monitor
 
 
 # ---------------------------------------------------------------- the monitor's flags (flags.py)

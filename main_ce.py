@@ -4,6 +4,7 @@ and ECE (of the plain logits).
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
+from cli import run_cli
 from data import (
     TwoCropTransform,
     announce_label_fraction,
@@ -15,12 +16,12 @@ from data import (
     long_tail_class_counts,
     save_label_noise,
 )
-from engine import Optimization, evaluate, fit, setup, train_loop, write_results
+from engine import fit, setup, write_results
 from flags import call_hook
+from loop import Optimization
 from options import parse_option
 from schedule import Schedule, optimizer_for
 from steps import CETraining
-from util import run_cli
 
 
 def main(argv=None):
@@ -35,26 +36,12 @@ def main(argv=None):
     announce_label_fraction(train_set)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
-    test_loader = build_loader(opt, test_set, train=False)
     n_cls = classes_to_classify(train_set)
-    ce = CETraining(opt, n_cls, class_counts(train_set))     # model, loss and CARROT
-    model = ce.model
-    optim = Optimization(optimizer_for(opt, model.parameters()), ce.runtime.grad_scaler(), call_hook(Schedule, opt))
-
-    def step(batch, backward):
-        loss, stats = ce.step(*batch, backward=backward)
-        return loss, batch[1].shape[0], stats
-
-    def train_epoch(epoch):
-        ce.ddp_model.train()
-        return train_loop(train_loader, optim, epoch, step, 'CE', opt.print_freq)
-
-    def evaluate_epoch(epoch):
-        model.eval()
-        return evaluate(ce.runtime, test_loader, model, 'test', n_cls, counts)
-
+    ce = CETraining(opt, n_cls, class_counts(train_set), test_loader=build_loader(opt, test_set, train=False),
+                    test_counts=counts)       # model, loss and CARROT; evaluated on the test split every epoch
+    optim = Optimization(optimizer_for(opt, ce.model.parameters()), ce.runtime.grad_scaler(), call_hook(Schedule, opt))
     print(f'run folder: {opt.run_folder}')
-    last, best = fit(opt, model, optim, train_epoch, evaluate_epoch, select='test/acc')
+    last, best = fit(opt, ce, optim, train_loader, select='test/acc')
     last = last or best
     write_results(opt, last, best, 'test/acc', n_train=len(train_set))
     print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')

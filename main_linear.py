@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from checkpoint import load_encoder
+from cli import run_cli
 from data import (
     announce_label_fraction,
     build_dataset,
@@ -28,18 +29,18 @@ from data import (
     save_label_noise,
     split_train_val,
 )
-from distributed import is_main, wrap_model
-from engine import Optimization, config_dict, evaluate, fit, setup, train_loop, write_results
+from distributed import is_main
+from engine import config_dict, fit, setup, write_results
 from flags import UserError, call_hook
 from knn import extract_features, knn_predict
-from losses import cross_entropy
+from loop import Optimization
 from monitors import probe_divergence
-from networks import EncoderClassifier, LinearClassifier
 from options import parse_option
-from probes import few_shot_indices, linear_probe, within_superclass_accuracy
+from probes import LinearProbe, few_shot_indices, linear_probe, within_superclass_accuracy
+from run_log import read_metrics
 from runtime import Runtime
 from schedule import Schedule, optimizer_for
-from util import accuracy, progress, read_metrics, run_cli
+from util import progress
 
 
 def within_superclass(frozen, coarse_of, k, t):
@@ -117,47 +118,12 @@ def main(argv=None):
     loaders['test'] = build_loader(opt, test_set, train=False)
     train_loader = build_loader(opt, train_set, train=True, kind='train')
 
-    classifier = LinearClassifier(encoder.feature_dim, num_classes=n_cls, norm=opt.probe_norm == 'bn')
-    classifier = classifier.to(runtime.device)
-    if opt.finetune:        # the encoder trains too, at its own learning rate (--encoder_lr, on the same schedule)
-        for p in encoder.parameters():
-            p.requires_grad_(True)
-        trained = EncoderClassifier(encoder, classifier)
-        optimizer = optimizer_for(opt, classifier.parameters(),
-                                  scaled=[(encoder.parameters(), opt.encoder_lr / opt.learning_rate)])
-    else:
-        trained = classifier
-        optimizer = optimizer_for(opt, classifier.parameters())
-    ddp_trained = wrap_model(trained, runtime.device, opt.syncBN)    # itself in one process
-    optim = Optimization(optimizer, runtime.grad_scaler(), call_hook(Schedule, opt))
-
-    def predict(images, head=classifier):
-        with torch.no_grad():
-            features = encoder(images)
-        return head(features.float())
-
-    def step(batch, backward):
-        images, labels = runtime.to_device(batch[0]), batch[1].to(runtime.device, non_blocking=True)
-        with runtime.autocast():
-            logits = ddp_trained(images) if opt.finetune else predict(images, ddp_trained)
-        loss = cross_entropy(logits.float(), labels)
-        backward(loss)
-        return loss.detach(), labels.shape[0], {'acc': accuracy(logits, labels)[0]}
-
-    def train_epoch(epoch):
-        trained.train()         # --finetune: the encoder's BatchNorm in train mode too
-        return train_loop(train_loader, optim, epoch, step, 'Finetune' if opt.finetune else 'Linear', opt.print_freq)
-
-    def evaluate_epoch(epoch):
-        trained.eval()
-        out = {}
-        for split, loader in loaders.items():
-            out.update(evaluate(runtime, loader, predict, split, n_cls, counts))
-        return out
-
+    probe = LinearProbe(opt, encoder, n_cls, loaders, counts)     # classifier (and the encoder with --finetune)
+    optim = Optimization(optimizer_for(opt, probe.parameters(), scaled=probe.scaled), probe.runtime.grad_scaler(),
+                         call_hook(Schedule, opt))
     print(f'run folder: {opt.run_folder}')
     select = 'val/acc' if opt.val_split > 0 else 'test/acc'
-    last, best = fit(opt, trained, optim, train_epoch, evaluate_epoch, select=select)
+    last, best = fit(opt, probe, optim, train_loader, select=select)
     last = last or best
     extra = {'n_train': len(train_set)}
     if opt.within_superclass:

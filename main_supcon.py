@@ -5,18 +5,17 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
     python main_supcon.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.2 --temp 0.1 --cosine
     python main_supcon.py --method RASCAL --rascal_weighting agreement ...
 """
-from collections import defaultdict
-
+from cli import run_cli
 from data import build_dataset, build_loader, class_counts, contrastive_views, save_label_noise
 from datasets_indexed import IndexedDataset
-from engine import Optimization, fit, setup, train_loop
+from engine import fit, setup
 from flags import call_hook
 from knn import knn_monitor
+from loop import Optimization
 from methods import get_method
 from options import parse_option
 from schedule import Schedule, optimizer_for
 from steps import Pretraining
-from util import run_cli
 
 
 def main(argv=None):
@@ -26,28 +25,11 @@ def main(argv=None):
         train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=opt.n_views)   # device: large only
     save_label_noise(opt.run_folder, train_set)
-    pre = Pretraining(opt, len(train_set), class_counts=class_counts(train_set))   # model, loss, CARROT, queue, ...
+    pre = Pretraining(opt, len(train_set), class_counts=class_counts(train_set),     # model, loss, CARROT, queue, ...
+                      monitor=knn_monitor(opt) if opt.knn_every else None)
     optim = Optimization(optimizer_for(opt, pre.parameters()), pre.runtime.grad_scaler(), call_hook(Schedule, opt))
-    hists = defaultdict(lambda: 0)     # the loss's histogram counts, summed over the epoch
-
-    def step(batch, backward):
-        loss, stats = pre.step(*batch, backward=backward)
-        for name, counts in pre.criterion.last_hists.items():
-            hists[name] = hists[name] + counts
-        return loss, batch[1].shape[0], stats
-
-    def train_epoch(epoch):
-        pre.ddp_model.train()
-        hists.clear()
-        metrics = train_loop(loader, optim, epoch, step, opt.method, opt.print_freq)
-        pre.criterion.end_epoch()
-        prefix = pre.method.stats_prefix
-        metrics.update({f'hist/{prefix}{name}': counts.cpu().clone() for name, counts in hists.items()})
-        return metrics
-
     print(f'run folder: {opt.run_folder}')
-    fit(opt, pre.model, optim, train_epoch, knn_monitor(opt, pre.model) if opt.knn_every else None,
-        extra=pre.checkpointed())
+    fit(opt, pre, optim, loader)
     print(f'checkpoint: {opt.run_folder}/last.pth')
 
 

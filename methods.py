@@ -192,7 +192,7 @@ register(Method('EpsSupInfoNCE', lambda eps_margin, temp: EpsSupInfoNCELoss(eps_
                 takes_queue=True, help='epsilon-SupInfoNCE (Barbano et al. 2023): SINCERE with a margin',
                 flags={'--eps_margin': dict(type=float, default=0.1,
                                             help='epsilon-SupInfoNCE: the margin eps in logits, as the authors\' '
-                                                 'code (eps * temp in cosine similarity; default 0.1)')},
+                                                 'code (eps * temp in cosine similarity)')},
                 check=lambda eps_margin: check(eps_margin >= 0, f'--eps_margin must be >= 0, got {eps_margin}'),
                 run_name=lambda eps_margin, temp: (f'EpsSupInfoNCE_eps_{eps_margin}_logit', f'temp_{temp}')))
 register(Method('SupDCL', lambda temp: SupDCLLoss(temperature=temp), takes_queue=True,

@@ -20,7 +20,7 @@ import sys
 
 from checkpoint import run_checkpoint
 from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info
-from encoders import ENCODER, adopt_stage1_settings, default_stem, encoder_tag
+from encoder_options import ENCODER, adopt_stage1_settings, default_stem, encoder_tag
 from flags import (
     SCRIPTS,
     HelpFormatter,
@@ -38,13 +38,13 @@ from memory_queue import QUEUE
 from methods import METHODS, apply_method_flags, get_method, method_flags
 from probes import FINETUNE, LINEAR_PROBE, PROBES
 from recipe import config_argv, config_path
+from run_folder import fit_name
 from runtime import COMPILE, PRECISION, REPRODUCIBILITY
 from schedule import OPTIMIZER, SCHEDULE
 from steps import CARROT_FLAGS, CE_LOSS, CHUNKS, ONE_STAGE
-from util import fit_name
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours); the encoder's part is
-# in the middle of the name (encoders.encoder_tag), its checks first.
+# in the middle of the name (encoder_options.encoder_tag), its checks first.
 FEATURES = [ENCODER, LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION,
             AUGMENT, CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
             LINEAR_PROBE]

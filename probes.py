@@ -5,14 +5,22 @@
   class, drawn with a seed of their own.
 - :func:`linear_probe`: multinomial logistic regression on unit features, fitted to convergence (L-BFGS).
 - :func:`within_superclass_accuracy`: fine-label weighted kNN restricted to each test image's own superclass.
+
+and the trainer of ``main_linear.py``'s SGD probe, :class:`LinearProbe` (a ``loop.Trainer``): a linear classifier
+on the frozen encoder, or with ``--finetune`` the encoder and the classifier end to end.
 """
 import torch
 import torch.nn.functional as F
 
 from data import coarse_labels
-from flags import Feature, check
+from distributed import wrap_model
+from flags import Feature, call_hook, check
 from knn import few_shot_indices, knn_predict  # noqa: F401  (few_shot_indices: part of this module's API)
+from loop import Optimization, evaluate, train_loop
 from losses import cross_entropy
+from networks import EncoderClassifier, LinearClassifier
+from runtime import Runtime
+from util import accuracy
 
 
 def linear_probe(train_feats, train_labels, test_feats, test_labels, num_classes, weight_decay=1e-4, max_iter=500):
@@ -93,6 +101,67 @@ FINETUNE = Feature(
                                 help='with --finetune: the encoder\'s learning rate, following the schedule as '
                                      '--learning_rate does (default: 0.1 x --learning_rate)')},
     run_name=lambda finetune, encoder_lr: f'_finetune_enclr_{encoder_lr}' if finetune else '')
+
+
+# ---------------------------------------------------------------- main_linear.py's trainer
+class LinearProbe:
+    """What ``main_linear.py`` trains, built once from ``opt``: a :class:`networks.LinearClassifier` (with
+    ``--probe_norm bn``, MAE's BatchNorm before it) on the frozen ``encoder``'s features, or with ``--finetune`` the
+    encoder too (``model``: an :class:`networks.EncoderClassifier`, the encoder at ``--encoder_lr`` on the same
+    schedule). ``eval_loaders``: ``{split: loader}`` measured after every epoch (``val`` with ``--val_split``,
+    ``test``), with ``num_classes`` and ``class_counts`` (training samples per class, for the shot groups)."""
+
+    def __init__(self, opt, encoder, num_classes, eval_loaders, class_counts=None):
+        self.runtime = runtime = call_hook(Runtime, opt)
+        self.encoder, self.finetune, self.print_freq = encoder, opt.finetune, opt.print_freq
+        self.eval_loaders, self.num_classes, self.class_counts = eval_loaders, num_classes, class_counts
+        self.classifier = LinearClassifier(encoder.feature_dim, num_classes=num_classes,
+                                           norm=opt.probe_norm == 'bn').to(runtime.device)
+        if opt.finetune:        # the encoder trains too, at its own learning rate (--encoder_lr, on the same schedule)
+            for p in encoder.parameters():
+                p.requires_grad_(True)
+            self.model = EncoderClassifier(encoder, self.classifier)
+            self.scaled = [(encoder.parameters(), opt.encoder_lr / opt.learning_rate)]
+        else:
+            self.model, self.scaled = self.classifier, []
+        self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN)    # itself in one process
+
+    def parameters(self):
+        """The classifier's parameters (the optimizer's base group; :attr:`scaled`: the encoder's, fine-tuning)."""
+        return self.classifier.parameters()
+
+    def checkpointed(self) -> dict:
+        return {}
+
+    def predict(self, images, head=None):
+        """Logits of ``images``: the frozen encoder's features (no graph), then ``head`` (the classifier)."""
+        with torch.no_grad():
+            features = self.encoder(images)
+        return (head or self.classifier)(features.float())
+
+    def train_epoch(self, loader, optim: Optimization, epoch: int) -> dict:
+        """One epoch of cross-entropy on ``loader``'s ``(images, labels)`` (the encoder's BatchNorm in training mode
+        too when fine-tuning)."""
+        self.model.train()
+        return train_loop(loader, optim, epoch, self.loop_step, 'Finetune' if self.finetune else 'Linear',
+                          self.print_freq)
+
+    def loop_step(self, batch, backward):
+        runtime = self.runtime
+        images, labels = runtime.to_device(batch[0]), batch[1].to(runtime.device, non_blocking=True)
+        with runtime.autocast():
+            logits = self.ddp_model(images) if self.finetune else self.predict(images, self.ddp_model)
+        loss = cross_entropy(logits.float(), labels)
+        backward(loss)
+        return loss.detach(), labels.shape[0], {'acc': accuracy(logits, labels)[0]}
+
+    def evaluate_epoch(self, epoch: int) -> dict:
+        """Loss, top-1, ECE, per-class and shot-group accuracy of every split of ``eval_loaders``."""
+        self.model.eval()
+        out = {}
+        for split, loader in self.eval_loaders.items():
+            out.update(evaluate(self.runtime, loader, self.predict, split, self.num_classes, self.class_counts))
+        return out
 
 
 # ---------------------------------------------------------------- the linear probe's form (main_linear.py)

@@ -1,7 +1,8 @@
-"""What one training step computes and back-propagates, for ``main_supcon.py`` (:class:`Pretraining`: any
-registered method, optionally with CARROT and the memory queue) and ``main_ce.py`` (:class:`CETraining`:
-cross-entropy, optionally with CARROT); the training loop (``engine.train_loop``) zeroes the gradients before
-and steps the optimizer after.
+"""What ``main_supcon.py`` (:class:`Pretraining`: any registered method, optionally with CARROT and the memory queue)
+and ``main_ce.py`` (:class:`CETraining`: cross-entropy, optionally with CARROT) train: each is a ``loop.Trainer`` that
+owns its epoch (``train_epoch``: its modules in training mode, ``loop.train_loop`` over its step, what the epoch
+reports) and its evaluation (``evaluate_epoch``); the loop zeroes the gradients before a step and steps the optimizer
+after it.
 
 Each step runs in one of two ways with the same loss code (``Pretraining.loss_from_parts``,
 ``CETraining.loss_from_parts``):
@@ -18,6 +19,7 @@ Each step runs in one of two ways with the same loss code (``Pretraining.loss_fr
   chunk, in the second forward.
 """
 import contextlib
+from collections import defaultdict
 from typing import Optional
 
 import torch
@@ -35,6 +37,7 @@ from distributed import (
     wrap_model,
 )
 from flags import Feature, UserError, call_hook, check
+from loop import Optimization, evaluate, train_loop
 from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss
 from memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
@@ -83,11 +86,14 @@ class Pretraining:
 
     ``num_samples``: the training set's size (RASCAL's cache); ``class_counts``: training samples per class (a loss
     with a classifier of its own: BCL's priors). ``model``: an unprepared ``SupConResNet`` to use instead of a new
-    one (tests put dropout into it). :meth:`parameters` are what the optimizer trains: the model's and the
+    one (tests put dropout into it). ``monitor``: ``monitor(encoder, epoch) -> metrics`` after each epoch (the kNN
+    monitor, ``knn.knn_monitor``), or none. :meth:`parameters` are what the optimizer trains: the model's and the
     loss's own (a classifier, prototypes)."""
 
-    def __init__(self, opt, num_samples: int, model: Optional[SupConResNet] = None, class_counts=None):
+    def __init__(self, opt, num_samples: int, model: Optional[SupConResNet] = None, class_counts=None, monitor=None):
         self.runtime = runtime = call_hook(Runtime, opt)
+        self.monitor, self.print_freq, self.desc = monitor, opt.print_freq, opt.method
+        self.epoch_hists = defaultdict(lambda: 0)         # the loss's histogram counts, summed over an epoch
         self.method: Method = get_method(opt.method)
         self.chunk_size, self.shuffle_bn_splits = opt.chunk_size, opt.shuffle_bn_splits
         self.carrot_on = opt.carrot_on
@@ -109,6 +115,29 @@ class Pretraining:
     def parameters(self) -> list[torch.nn.Parameter]:
         """The model's parameters, then the loss's own (none for most methods)."""
         return list(self.model.parameters()) + list(self.criterion.parameters())
+
+    def train_epoch(self, loader, optim: Optimization, epoch: int) -> dict:
+        """One epoch of :meth:`step` over ``loader``; then the loss's work that belongs to an epoch (``end_epoch``).
+        The metrics: the epoch means, and the loss's histograms summed over the epoch (``hist/...``)."""
+        self.ddp_model.train()
+        self.epoch_hists.clear()
+        metrics = train_loop(loader, optim, epoch, self.loop_step, self.desc, self.print_freq)
+        self.criterion.end_epoch()
+        prefix = self.method.stats_prefix
+        metrics.update({f'hist/{prefix}{name}': counts.cpu().clone() for name, counts in self.epoch_hists.items()})
+        return metrics
+
+    def loop_step(self, batch, backward):
+        """``loop.train_loop``'s step: :meth:`step` on a loader's batch ``(views, labels[, ids])``, its histogram
+        counts added to the epoch's."""
+        loss, stats = self.step(*batch, backward=backward)
+        for name, counts in self.criterion.last_hists.items():
+            self.epoch_hists[name] = self.epoch_hists[name] + counts
+        return loss, batch[1].shape[0], stats
+
+    def evaluate_epoch(self, epoch: int) -> dict:
+        """The monitor's metrics after ``epoch`` (the kNN monitor's, on its epochs), else none."""
+        return self.monitor(self.model.encoder, epoch) if self.monitor is not None else {}
 
     def checkpointed(self) -> dict[str, torch.nn.Module]:
         """``{key: module}`` of the state saved next to the model: the loss's own state (RASCAL's cache),
@@ -220,10 +249,14 @@ class CETraining:
     torchrun), the loss (``--loss``: cross-entropy, or :class:`losses.LogitAdjustedLoss` from ``class_counts``, the
     training samples per class), one-stage SupCon (``--supcon_weight w``: ``+ w * SupCon`` of the projections of
     the batch's views) and ``carrot`` (``--carrot``, on the penultimate features). ``model``: an unprepared
-    ``SupCEResNet`` to use instead of a new one."""
+    ``SupCEResNet`` to use instead of a new one. ``test_loader`` (and ``test_counts``, the training samples per
+    class for the shot groups): the split :meth:`evaluate_epoch` measures after every epoch."""
 
-    def __init__(self, opt, num_classes: int, class_counts=None, model: Optional[SupCEResNet] = None):
+    def __init__(self, opt, num_classes: int, class_counts=None, model: Optional[SupCEResNet] = None,
+                 test_loader=None, test_counts=None):
         self.runtime = runtime = call_hook(Runtime, opt)
+        self.num_classes, self.print_freq = num_classes, opt.print_freq
+        self.test_loader, self.test_counts = test_loader, test_counts
         self.chunk_size = opt.chunk_size
         if not opt.supcon_weight:          # one view: a batch (or chunk) of one image cannot train BatchNorm
             per = f'each of the {opt.world_size} processes' if opt.world_size > 1 else 'each step'
@@ -245,6 +278,27 @@ class CETraining:
         compile_modules(opt.compile, *self.model.children())
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
+
+    def checkpointed(self) -> dict:
+        """Nothing but the model travels in its checkpoints."""
+        return {}
+
+    def train_epoch(self, loader, optim: Optimization, epoch: int) -> dict:
+        """One epoch of :meth:`step` over ``loader``; the epoch means."""
+        self.ddp_model.train()
+        return train_loop(loader, optim, epoch, self.loop_step, 'CE', self.print_freq)
+
+    def loop_step(self, batch, backward):
+        """``loop.train_loop``'s step: :meth:`step` on a loader's batch ``(images or views, labels)``."""
+        loss, stats = self.step(*batch, backward=backward)
+        return loss, batch[1].shape[0], stats
+
+    def evaluate_epoch(self, epoch: int) -> dict:
+        """Test loss, top-1, ECE, per-class and shot-group accuracy after every epoch (``loop.evaluate``)."""
+        if self.test_loader is None:
+            return {}
+        self.model.eval()
+        return evaluate(self.runtime, self.test_loader, self.model, 'test', self.num_classes, self.test_counts)
 
     def step(self, images, labels: torch.Tensor,
              backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -23,9 +23,9 @@ import time
 import compare
 import sweep_plan
 import sweep_run
+from cli import error_line
 from flags import Parser, UserError
 from sweep_plan import STAGE1
-from util import error_line
 
 
 def parse_args(argv):

@@ -66,7 +66,7 @@ def state(stage, record):
 
 
 def held(stage):
-    """Whether a process holds the stage's run folder now (the run's ``.lock``, util.hold_run_folder)."""
+    """Whether a process holds the stage's run folder now (the run's ``.lock``, run_folder.hold_run_folder)."""
     run = stage.run()
     if not isinstance(run, str) or not os.path.isfile(os.path.join(run, '.lock')):
         return False

@@ -3,7 +3,7 @@
     python benchmarks/carrot_overhead.py [--device cuda] [--skip_step]
 
 1. Loss level: (SupCon + CARROT with gradient balancing) forward+backward / SupCon forward+backward,
-   B = 1024, V = 2, D = 128, 10 classes (target, issue 4: <= 2.0 on a CPU).
+   B = 1024, V = 2, D = 128, 10 classes (target: <= 2.0 on a CPU).
 2. Training step: resnet18, batch 256 (two views), 32x32: SupCon + CARROT (on the encoder) /
    SupCon (target <= 1.15).
 """

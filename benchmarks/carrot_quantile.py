@@ -1,5 +1,5 @@
 """CARROT's wall quantiles in the accelerator form (no host read): ``kthvalue`` on the whole upper triangle (the form
-before issue 41) against ``topk`` from the nearer side (``losses_carrot.pair_quantiles(sync_free=True)``), and the
+before 6d42068) against ``topk`` from the nearer side (``losses_carrot.pair_quantiles(sync_free=True)``), and the
 CPU form (histogram, then ``kthvalue`` in a bucket), at B = 1024 and 4096 (two views: n = 2B rows, 10 classes),
 measured in one run. The forms select the same values; the first lines say so.
 
@@ -21,7 +21,7 @@ from runtime import resolve_device  # noqa: E402
 
 
 def kthvalue_form(values, valid, qs, count):
-    """The accelerator form before issue 41: ``kthvalue`` on the whole triangle for every order statistic."""
+    """The accelerator form before 6d42068: ``kthvalue`` on the whole triangle for every order statistic."""
     upper = valid.triu(1)
     flat = values.masked_fill(~upper, float('inf')).flatten()
     out = []

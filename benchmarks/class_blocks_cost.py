@@ -4,10 +4,10 @@ class), a batch of B = 4096 drawn from it, two views (M = 8192 rows), measured i
     python benchmarks/class_blocks_cost.py [--batch 4096] [--imb_factor 0.01] [--reps 3]
 
 1. The entries of the ``[c, k, k]`` blocks that SINCERE, epsilon-SupInfoNCE, L_spread and CARROT build: one block
-   padded to the largest class (before issue 41) against the blocks grouped by size (``losses.class_groups``), and
+   padded to the largest class (before 6d42068) against the blocks grouped by size (``losses.class_groups``), and
    ``sum_c n_c^2`` (float32 bytes per tensor of that shape).
 2. KCL's / TSC's draw of k = 6 positives per row on the host: the padded ``[C, K, K]`` uniform keys and ``topk``
-   (before issue 41) against ``losses_field.kcl_positives`` (``O(M (k + V))``).
+   (before 6d42068) against ``losses_field.kcl_positives`` (``O(M (k + V))``).
 """
 import argparse
 import os
@@ -23,7 +23,7 @@ from losses_field import kcl_positives  # noqa: E402
 
 
 def padded_draw(labels, n_views, k, generator):
-    """KCL's draw before issue 41: uniform keys over the padded ``[C, K, K]`` blocks, the k smallest by ``topk``."""
+    """KCL's draw before 6d42068: uniform keys over the padded ``[C, K, K]`` blocks, the k smallest by ``topk``."""
     bsz = labels.shape[0]
     members, present, _ = class_blocks(labels.repeat(n_views), 'cpu')
     sample = members % bsz

@@ -3,7 +3,7 @@
     python benchmarks/field_speed.py [--device cuda] [--reps 7] [--sizes 1024] [--classes 10,100]
 
 V = 2, D = 128, labels uniform over C classes; each method is timed interleaved with SupConLoss on the same
-batch (same temperature). Target (issue "the field, 1 of 2"): ratio <= 1.3 for every method at B = 1024,
+batch (same temperature). Target: ratio <= 1.3 for every method at B = 1024,
 C in {10, 100} on a CPU. The last line per method reads ``<method> ratio X`` (the largest over the sizes).
 """
 import argparse

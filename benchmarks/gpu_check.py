@@ -1,4 +1,4 @@
-"""The GPU session in one command: everything CUDA-side measured on the GPU image as it is, into one report.
+"""The GPU check in one command: everything CUDA-side measured with the machine's own Python as it is, into one report.
 
     bash scripts/gpu_check.sh [--sections 1-7] [--budget SECONDS] [--out DIR]     # on the GPU machine
     bash scripts/gpu_check.sh --dry-run                                           # tiny sizes, any device
@@ -196,7 +196,7 @@ def section_loop_syncs(ctx):
     ok = all(not r['error'] and r['steady_total'] and set(r['steady_total']) == {1} for r in results.values())
     counter = 'CUDA\'s sync debug mode (`warn`)' if ctx.cuda else 'the CPU counter (tests/sync_count.py)'
     summary = (f'Digits at {size} px, batch {batch}, `--augment device` (the multi-crop row: its DataLoader, 2 '
-               f'workers), 8 iterations of `engine.train_loop` each; counted with {counter}. Expected: one wait per '
+               f'workers), 8 iterations of `loop.train_loop` each; counted with {counter}. Expected: one wait per '
                f'iteration from the third on, the loop\'s read of the previous step\'s values.\n\n'
                + loop_syncs.table(results))
     return outcome(ctx, ok, summary, results)
@@ -282,7 +282,7 @@ def run_folder(save):
 
 
 def epoch_times(folder):
-    from util import read_metrics
+    from run_log import read_metrics
     return [float(r['train/epoch_time']) for r in read_metrics(folder) if r.get('train/epoch_time')]
 
 

@@ -3,7 +3,7 @@
     python benchmarks/gpu_throughput.py                          # resnet18 and resnet50, batch 512 and 1024
     python benchmarks/gpu_throughput.py --smoke                  # a tiny run on any device (the suite runs it)
 
-Images/s of a full training step (data to optimizer step, through ``engine.train_loop``; both views counted)
+Images/s of a full training step (data to optimizer step, through ``loop.train_loop``; both views counted)
 on 50,000 synthetic CIFAR-shaped images (32x32 uint8, 100 classes), for each model and batch size:
 
 - ``baseline``: SupContrast as written: fp32, its dense-mask ``SupConLoss`` (``benchmarks/supcontrast_losses.py``),
@@ -17,9 +17,8 @@ on 50,000 synthetic CIFAR-shaped images (32x32 uint8, 100 classes), for each mod
   feeding our SupCon step, beside ``--augment device`` (skipped when kornia is not installed).
 
 Prints each rate, ours/baseline and ours/bound, then one line ``ratio X``: ours (SupCon) over the baseline for
-resnet18 at batch 1024 (the first configuration measured with ``--smoke`` or other sizes). Targets (issue "One
-GPU, done right"): ours/baseline >= 3 (resnet18), >= 2 (resnet50); ours/bound >= 0.8 (SupCon), >= 0.7 (RASCAL,
-CARROT).
+resnet18 at batch 1024 (the first configuration measured with ``--smoke`` or other sizes). Targets: ours/baseline >= 3
+(resnet18), >= 2 (resnet50); ours/bound >= 0.8 (SupCon), >= 0.7 (RASCAL, CARROT).
 """
 import argparse
 import itertools
@@ -36,8 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.supcontrast_losses import SupConLoss as OriginalSupConLoss  # noqa: E402
 from data import TwoCropTransform, build_loader, build_transform  # noqa: E402
 from datasets_indexed import IndexedDataset  # noqa: E402
-from engine import Optimization, setup, train_loop  # noqa: E402
+from engine import setup  # noqa: E402
 from flags import call_hook  # noqa: E402
+from loop import Optimization, train_loop  # noqa: E402
 from networks import SupConResNet  # noqa: E402
 from options import parse_option  # noqa: E402
 from runtime import Runtime  # noqa: E402
@@ -85,7 +85,7 @@ def options(model, bsz, device, extra=()):
 
 
 def timed(opt, loader, model, step, steps, warmup, profile=False):
-    """Images/s (both views) of ``steps`` training steps through ``engine.train_loop`` after ``warmup`` steps.
+    """Images/s (both views) of ``steps`` training steps through ``loop.train_loop`` after ``warmup`` steps.
     ``profile``: instead, ``(images/s, table)`` with ``torch.profiler``'s table of the top 15 operators by device
     time (CPU time on a CPU) over the timed steps (:func:`profile_table`)."""
     optim = Optimization(set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay),
@@ -207,7 +207,7 @@ def bound(model_name, bsz, device, steps, warmup):
     return timed(opt, [None], model, step, steps, warmup)
 
 
-# issue "One GPU, done right": (rate, over, target) for each row that has one
+# the targets: (rate, over, target) for each row that has one
 TARGETS = [('ours SupCon', 'baseline', {'resnet18': 3.0, 'resnet50': 2.0}),
            ('ours SupCon', 'bound', 0.8), ('ours RASCAL', 'bound', 0.7), ('ours SupCon+CARROT', 'bound', 0.7)]
 METHOD_FLAGS = {'SupCon': [], 'RASCAL': ['--method', 'RASCAL'], 'SupCon+CARROT': ['--carrot']}

@@ -1,6 +1,6 @@
 """Host synchronizations per iteration of whole training loops: the real script's ``main`` (loader, ``--augment
 device``, the step, the statistics and the progress line) run in this process for a few iterations of
-``engine.train_loop``, with a counter recording what each iteration made the host wait for.
+``loop.train_loop``, with a counter recording what each iteration made the host wait for.
 
 Two counters, one harness:
 
@@ -32,7 +32,7 @@ for path in (ROOT, os.path.join(ROOT, 'tests')):
 
 import torch  # noqa: E402
 
-# the modes issue 46 asks for: (script, flags)
+# the modes measured: (script, flags)
 MODES = {
     'SupCon': ('main_supcon', []),
     'RASCAL + queue + CARROT': ('main_supcon', ['--method', 'RASCAL', '--queue_size', '256', '--carrot']),
@@ -100,7 +100,7 @@ class CudaSyncCounter:
 
 
 class CountedBar:
-    """``engine.train_loop``'s progress bar limited to ``iterations`` batches, recording ``counter.counts`` each
+    """``loop.train_loop``'s progress bar limited to ``iterations`` batches, recording ``counter.counts`` each
     time a batch is handed out (the batch's labels and ids are the loader's host data) and after the last."""
 
     def __init__(self, bar, counter, record, iterations):
@@ -124,19 +124,19 @@ def iteration_counts(script, argv, counter, iterations=6):
     ``counter`` (entered here); returns the waits of each iteration, ``[{where: count}]`` (``iterations`` dicts:
     iteration ``i`` counts from its batch being handed out to the next one's, so a step's waits and the next
     batch's loading fall in one)."""
-    import engine
+    import loop
     records = []
-    real_progress = engine.progress
+    real_progress = loop.progress
 
     def limited(it, desc):
         bar = real_progress(it, desc)
         return CountedBar(bar, counter, records, iterations) if 'epoch' in desc else bar
-    engine.progress = limited
+    loop.progress = limited
     try:
         with counter:
             importlib.import_module(script).main(argv)
     finally:
-        engine.progress = real_progress
+        loop.progress = real_progress
     return [{k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
             for before, after in zip(records, records[1:])]
 

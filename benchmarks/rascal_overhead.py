@@ -3,7 +3,7 @@
     python benchmarks/rascal_overhead.py [--device cuda] [--reps 7]
 
 B in {256, 1024}, V = 2, D = 128, 10 and 100 classes, warm cache (every sample seen).
-Target (issue 3): <= 1.3 at B = 1024 on a CPU.
+Target: <= 1.3 at B = 1024 on a CPU.
 """
 import argparse
 import os

@@ -1,5 +1,5 @@
 """TSC's targets beyond the simplex (C > D + 1): how spread they end (the largest cosine between two targets and the
-uniformity energy at T = 0.07) from the same Gaussian start, with the optimization before issue 41 (SGD lr 0.01,
+uniformity energy at T = 0.07) from the same Gaussian start, with the optimization before 6d42068 (SGD lr 0.01,
 2,000 steps, T = 0.1, projected back onto the sphere each step) and the authors' (``losses_proto.uniform_targets``:
 Adam lr 1e-3, 10,000 steps, T = 0.07), and the time each takes, measured in one run.
 
@@ -46,7 +46,7 @@ def main(argv=None):
                                                 dtype=torch.float64), dim=1)
     print(f'C = {args.classes}, D = {args.dim}; torch {torch.__version__}, {device}')
     print('start: max cosine {:.3f}, energy {:.3f}'.format(*target_spread(start)))
-    for name, make in (('before issue 41 (SGD, 2,000 steps, T 0.1)', lambda: before_issue_41(args.classes, args.dim)),
+    for name, make in (('before 6d42068 (SGD, 2,000 steps, T 0.1)', lambda: before_issue_41(args.classes, args.dim)),
                        (f'authors\' (Adam, {args.steps:,} steps, T 0.07)',
                         lambda: uniform_targets(args.classes, args.dim, 0, steps=args.steps, device=device))):
         t = time.perf_counter()

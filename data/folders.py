@@ -12,7 +12,8 @@ from torchvision import datasets, transforms
 
 from distributed import barrier, is_main
 from flags import UserError
-from util import progress, writable_folder
+from run_folder import writable_folder
+from util import progress
 
 
 def load_image(path):

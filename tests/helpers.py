@@ -127,6 +127,36 @@ def _read_text(path):
         return ''
 
 
+def method_modes(queue=('--queue_size', '64'), carrot=('--carrot',), skip=()):
+    """``{name: argv}`` of every method of the registry (``methods.METHODS``, read when called: a method registered
+    by a test is in it): each method alone; with every feature its definition allows (``queue`` where it takes one,
+    ``carrot`` where it uses labels); and each other value of its own flags with choices (RASCAL's weightings, TSC's
+    assignment, SupCon's loss family). The per-method tests take their modes from here, so a new method is covered by
+    registering it."""
+    from methods import METHODS
+    modes = {}
+    for name, method in METHODS.items():
+        if name in skip:
+            continue
+        base = ['--method', name]
+        modes[name] = base
+        extra = [*(queue if method.takes_queue else ()), *(carrot if method.uses_labels else ())]
+        if extra:
+            features = ' + '.join(f for f, on in (('queue', method.takes_queue), ('CARROT', method.uses_labels)) if on)
+            modes[f'{name} + {features}'] = base + list(extra)
+        for flag, kwargs in method.flags.items():
+            for choice in kwargs.get('choices', ()):
+                if choice != kwargs.get('default'):
+                    modes[f'{name} {flag}={choice}'] = base + [flag, str(choice)]
+    return modes
+
+
+def method_flag_needs():
+    """``{flag: argv}``: each method's own flag with the ``--method`` that has it (given alone it is refused)."""
+    from methods import method_flags
+    return {flag: ['--method', owners[0]] for flag, (_, owners) in method_flags().items()}
+
+
 def make_options(script='supcon', **flags):
     """Options as ``script``'s parser makes them (``options.parse_option``), from flags given as keywords:
     ``make_options(dataset='digits', size=8, label_noise=0.2)`` is ``--dataset digits --size 8 --label_noise 0.2``
@@ -201,7 +231,7 @@ def only_run_folder(root):
 
 
 def read_metrics(folder):
-    from util import read_metrics as rows
+    from run_log import read_metrics as rows
     assert os.path.isfile(os.path.join(folder, 'metrics.csv')), folder
     return rows(folder)
 

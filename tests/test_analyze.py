@@ -38,7 +38,7 @@ def test_analyze_writes_plots_and_summary(coarse_rascal_run, tmp_path):
 
 @pytest.mark.slow
 def test_analyze_checks_out_first_and_skips_tsne_on_two_images(tmp_path):
-    """Issue 33, cases 13 and 14: ``--out`` that cannot be written is one line before any work (the checkpoint
+    """``--out`` that cannot be written is one line before any work (the checkpoint
     does not even exist here); a run whose val/ has 2 images gets every part but the t-SNE map, with a line
     saying why."""
     from helpers import FAST_FILES, assert_one_line_error, make_image_folder, only_run_folder, run_in_process

@@ -72,7 +72,7 @@ def test_original_supcontrast_and_compiled_checkpoints(tiny_ckpt, tmp_path):
 
 
 def test_checkpoints_get_the_mode_of_other_files(tmp_path):
-    """Issue 33: last.pth was 0600 (a temporary file renamed) while other run files follow the umask."""
+    """last.pth was 0600 (a temporary file renamed) while other run files follow the umask."""
     from checkpoint import save_checkpoint
     old = os.umask(0o022)
     try:

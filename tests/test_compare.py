@@ -76,7 +76,7 @@ def test_paired_interval_against_a_hand_computation(tmp_path, capsys):
     ([90.0], 'not a results.json'),
 ])
 def test_compare_refuses_what_is_not_a_number_in_one_line(tmp_path, results, words):
-    """Issue 33, case 12: null or a string where a number belongs, through the real script."""
+    """Null or a string where a number belongs, through the real script."""
     from helpers import assert_one_line_error, run_in_process
     (tmp_path / 'r').mkdir()
     (tmp_path / 'r' / 'results.json').write_text(json.dumps(results))
@@ -85,7 +85,7 @@ def test_compare_refuses_what_is_not_a_number_in_one_line(tmp_path, results, wor
 
 @pytest.mark.parametrize('where', ['missing', 'unwritable', 'folder'])
 def test_compare_checks_out_before_the_work(tmp_path, where):
-    """Issue 33, case 13: ``--out`` into a folder that cannot be written (or that is a folder) is one line before
+    """``--out`` into a folder that cannot be written (or that is a folder) is one line before
     any work (the rows would fail next: no results.json), through the real script; a folder that does not exist
     is created."""
     from helpers import assert_one_line_error, run_in_process

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from helpers import build_training, load, only_run_folder, run_script, step_batch, take_steps
+from helpers import build_training, load, method_modes, only_run_folder, run_script, step_batch, take_steps
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')]
@@ -103,8 +103,8 @@ def test_losses_on_cuda_equal_cpu():
 
 
 # the published variants (docs/FIELD.md); BCL and PaCo with their own classifier (and BCL's prototypes)
-FIELD = [['--method', m] for m in ('KCL', 'SINCERE', 'EpsSupInfoNCE', 'SupDCL', 'Spread', 'BCL', 'PaCo', 'TSC')] + [
-    ['--method', 'GPaCo', '--queue_size', '64']]
+# every method of the registry but ours (tested above), alone and with the queue and CARROT where it takes them
+FIELD = list(method_modes(skip=('SupCon', 'SimCLR', 'RASCAL')).values())
 
 
 @pytest.mark.parametrize('argv', [[], ['--method', 'RASCAL', '--carrot'], *FIELD])

@@ -127,7 +127,7 @@ def test_digits_lt_follows_the_profile_with_a_balanced_test_split():
 
 
 def test_a_training_batch_of_one_is_dropped():
-    """Issue 33, case 10: an epoch whose last batch would hold one sample (BatchNorm cannot train on it) drops it,
+    """An epoch whose last batch would hold one sample (BatchNorm cannot train on it) drops it,
     with DataLoader and with --augment device; other epochs keep their last batch."""
     from data import last_batch_of_one
     assert last_batch_of_one(1437, 1, 4) and not last_batch_of_one(1437, 1, 128)
@@ -136,7 +136,7 @@ def test_a_training_batch_of_one_is_dropped():
 
 @pytest.mark.slow
 def test_one_class_and_held_out_splits_that_cannot_hold_every_class(tmp_path, tiny_ckpt):
-    """Issue 33, cases 9 and 11: a single-class ImageFolder is refused by main_ce.py, main_linear.py (also its
+    """A single-class ImageFolder is refused by main_ce.py, main_linear.py (also its
     few-shot probe) and --label_noise in one line (SimCLR pre-trains on it); --val_split too small for one
     held-out image per class, or a class with one image, is one line too (not a traceback inside scikit-learn)."""
     from helpers import run_in_process
@@ -164,7 +164,7 @@ def test_one_class_and_held_out_splits_that_cannot_hold_every_class(tmp_path, ti
 
 
 def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
-    """Issue 33, case 7: a 16-bit grey PNG (PIL mode I;16) keeps its grey levels (``round(v * 255 / 65535)``;
+    """A 16-bit grey PNG (PIL mode I;16) keeps its grey levels (``round(v * 255 / 65535)``;
     PIL's own conversion clips them at 255: two levels); an ``I`` image within 0..255 is 8-bit data; floating-point
     pixels (mode F) are one line naming the file."""
     from PIL import Image
@@ -191,7 +191,7 @@ def load_image_of(image, tmp_path):
 
 @pytest.mark.slow
 def test_a_sixteen_bit_image_folder_trains_and_a_float_image_is_named(tmp_path):
-    """Issue 33, case 7 through the real script: an ImageFolder of 16-bit PNGs trains; one float TIFF among them
+    """Through the real script: an ImageFolder of 16-bit PNGs trains; one float TIFF among them
     stops the run with one line naming it."""
     from PIL import Image
 
@@ -213,7 +213,7 @@ def test_a_sixteen_bit_image_folder_trains_and_a_float_image_is_named(tmp_path):
 
 @pytest.mark.slow
 def test_image_folder_of_mixed_modes_trains_analyzes_and_evaluates(tmp_path):
-    """Issue 41, item 10: an ImageFolder whose images are grey, palette, 1-bit, grey + alpha, RGBA, CMYK and 16-bit
+    """An ImageFolder whose images are grey, palette, 1-bit, grey + alpha, RGBA, CMYK and 16-bit
     grey, of other sizes than the rest, with a class folder holding one image, goes through the real scripts:
     pre-training, analyze.py and linear evaluation, which (given no --dataset) evaluates on the checkpoint's own
     dataset and folder, not on the flag's default (digits: a silent wrong result before)."""
@@ -292,7 +292,7 @@ def test_randaugment_and_views_flags():
         assert_one_line_error(run_in_process('main_supcon.py', *args), *words)
 
 
-# ---------------------------------------------------------------- mid-scale datasets (issue 42), on generated files
+# ---------------------------------------------------------------- mid-scale datasets, on generated files
 def make_fake_stl10(root, n_train=20, n_test=10, n_unlabeled=30, size=96):
     """STL-10's binary files as torchvision reads them (column-major 3 x 96 x 96 uint8 images, 1-based labels)."""
     rng = np.random.default_rng(0)
@@ -414,7 +414,7 @@ def test_multicrop_through_the_real_script(tmp_path):
     assert '_multicrop_2x7' in only_run_folder(tmp_path)
 
 
-# ---------------------------------------------------------------- files that lie about themselves (issue 48)
+# ---------------------------------------------------------------- files that lie about themselves
 FILE_RUN = ['--size', 8, '--model', 'resnet_tiny', '--batch_size', 8, '--num_workers', 0, '--device', 'cpu',
             '--epochs', 1]
 
@@ -527,7 +527,7 @@ def test_tinyimagenet_and_imagenet100_trees_that_lie_are_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_multicrop_with_a_vit_picks_a_small_size_the_model_takes(tmp_path):
-    """Issue 48 (7): USAGE's ViT multi-crop setup at the digits' size crashed (the default --small_size 7 is not a
+    """USAGE's ViT multi-crop setup at the digits' size crashed (the default --small_size 7 is not a
     multiple of patch size 4); the default is now the nearest size the model takes (8), and a --small_size it
     cannot take is one line."""
     vit = ['--model', 'timm:vit_tiny_patch16_224', '--model_args', 'depth=1,patch_size=4,dynamic_img_size=true',

@@ -15,6 +15,7 @@ from helpers import (
     STEP_BSZ,
     build_training,
     load,
+    method_modes,
     only_run_folder,
     read_metrics,
     script_env,
@@ -24,28 +25,15 @@ from helpers import (
 
 WORLD = 2
 BSZ = STEP_BSZ       # global batch: 8 per process
-CASES = {
-    'SupCon': ['--method', 'SupCon'],
-    'SimCLR': ['--method', 'SimCLR'],
-    'SimCLR-ntlogistic': ['--method', 'SimCLR', '--simclr_loss', 'ntlogistic'],
-    'SupCon-margin_triplet': ['--method', 'SupCon', '--simclr_loss', 'margin_triplet'],
-    'RASCAL': ['--method', 'RASCAL'],
-    'SupCon+CARROT': ['--method', 'SupCon', '--carrot'],
-    'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
-    'CE+CARROT': ['--carrot'],
-    'CE+SupCon': ['--supcon_weight', '0.5', '--loss', 'balanced_softmax'],
-    'SupCon-queue': ['--method', 'SupCon', '--queue_size', '64', '--moco_m', '0.9'],
-    'SimCLR-queue-m0': ['--method', 'SimCLR', '--queue_size', '64', '--moco_m', '0'],
-    'RASCAL-queue': ['--method', 'RASCAL', '--queue_size', '64', '--moco_m', '0.9', '--carrot'],
-    'KCL': ['--method', 'KCL', '--kcl_k', '2'],
-    'SINCERE-queue': ['--method', 'SINCERE', '--queue_size', '64', '--moco_m', '0.9'],
-    'EpsSupInfoNCE+CARROT': ['--method', 'EpsSupInfoNCE', '--carrot'],
-    'SupDCL': ['--method', 'SupDCL'],
-    'Spread-queue': ['--method', 'Spread', '--queue_size', '64', '--moco_m', '0'],
-    'BCL+CARROT': ['--method', 'BCL', '--carrot'],
-    'PaCo-queue': ['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0.9', '--paco_alpha', '0.3'],
-    'TSC+CARROT': ['--method', 'TSC', '--kcl_k', '2', '--carrot'],
-}
+# every method of the registry (helpers.method_modes: alone, with a queue and CARROT where it takes them, each choice
+# of its flags), the cross-entropy family, and settings of a method's own flags
+CASES = {**method_modes(queue=('--queue_size', '64', '--moco_m', '0.9')),
+         'SimCLR-queue-m0': ['--method', 'SimCLR', '--queue_size', '64', '--moco_m', '0'],
+         'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
+         'CE+CARROT': ['--carrot'],
+         'CE+SupCon': ['--supcon_weight', '0.5', '--loss', 'balanced_softmax'],
+         'KCL k 2': ['--method', 'KCL', '--kcl_k', '2'],
+         'PaCo alpha 0.3': ['--method', 'PaCo', '--paco_alpha', '0.3']}
 
 
 CHUNK_CASES = ['SupCon', 'RASCAL+CARROT-head', 'CE+CARROT']
@@ -170,7 +158,7 @@ def test_rascal_caches_identical_on_every_rank(ranks):
     assert torch.equal(ranks[0]['RASCAL']['cache'], ranks[1]['RASCAL']['cache'])
 
 
-# the modes whose processes trained different models before issue 41: the bare model of --chunk_size, the loss's
+# the modes whose processes trained different models before 6d42068: the bare model of --chunk_size, the loss's
 # own parameters (BCL's classifier and prototype head, PaCo's classifier), the key encoder (copied from the model)
 SEEDED_CASES = {
     'SupCon chunked': (['--method', 'SupCon'], False, 4),
@@ -223,7 +211,7 @@ def _seeded_worker(rank, port, folder, broadcast):
     import torch.distributed as dist
 
     import steps
-    if not broadcast:          # the power check: the processes start from their own weights, as before issue 41
+    if not broadcast:          # the power check: the processes start from their own weights, as before 6d42068
         steps.broadcast_state = lambda *modules: None
     results = {case: trained_states(case, rank) for case in SEEDED_CASES}
     torch.save(results, os.path.join(folder, f'rank{rank}.pt'))
@@ -237,7 +225,7 @@ def seeded_ranks(folder, broadcast=True):
 
 
 def test_processes_seeded_differently_train_one_model(tmp_path):
-    """Issue 41: every process seeds ``--seed + rank`` before building (as torchrun runs do), yet after three SGD
+    """Every process seeds ``--seed + rank`` before building (as torchrun runs do), yet after three SGD
     steps every process holds bit for bit the same model, key encoder, loss parameters and buffers, and queue, in
     every mode (gradient caching's bare model, BCL's and PaCo's own classifiers, the key encoder); the power check
     (no broadcast after building) leaves every one of these modes with different weights per process."""
@@ -296,7 +284,7 @@ def test_torchrun_supcon_then_linear(tmp_path, method):
 
 @pytest.mark.slow
 def test_torchrun_resume_equals_the_uninterrupted_run(tmp_path):
-    """Issue 41: under torchrun, 1 epoch + ``--resume`` 1 epoch ends bit for bit where 2 epochs do, in the mode
+    """Under torchrun, 1 epoch + ``--resume`` 1 epoch ends bit for bit where 2 epochs do, in the mode
     where every per-process state must start from rank 0's: gradient caching (the bare model), PaCo's own classifier
     and the momentum key encoder with its queue. Before the fix the uninterrupted run trained each process from its
     own weights and the resume re-synchronized them from rank 0's checkpoint: the two runs differed."""
@@ -355,7 +343,7 @@ def _child_with_rank(parent, rank):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='finds the worker through /proc')
 def test_a_dead_peer_gives_the_survivor_one_line(tmp_path):
-    """Issue 33 (also seen): rank 1 killed after the first checkpoint; rank 0 says in one line that another process
+    """Rank 1 killed after the first checkpoint; rank 0 says in one line that another process
     died (not gloo's traceback) or, when torchrun's SIGTERM comes first, that torchrun stopped it; the checkpoint
     is intact."""
     import signal

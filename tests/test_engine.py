@@ -1,6 +1,5 @@
-"""engine.py: evaluation metrics (per-class accuracy, shot groups); the run set-up and the epoch loop through
+"""engine.py: the run set-up and the epoch loop through
 the real scripts: resume that refuses contradictions, run folders, interrupts, failing checkpoint writes."""
-import math
 import os
 import re
 import shutil
@@ -10,8 +9,6 @@ import sys
 import time
 
 import pytest
-import torch
-import torch.nn.functional as F
 
 from helpers import (
     FAST,
@@ -27,21 +24,6 @@ from helpers import (
 )
 
 
-def test_evaluate_shot_groups_and_per_class_accuracy():
-    from engine import evaluate
-    from runtime import Runtime
-    opt = Runtime(torch.device('cpu'))
-    labels = torch.tensor([0, 0, 1, 1, 2, 2, 2, 2])
-    logits = F.one_hot(torch.tensor([0, 1, 1, 1, 0, 2, 2, 0]), 3).float() * 5   # class acc: 50, 100, 50 %
-    loader = [(logits[:5], labels[:5]), (logits[5:], labels[5:])]
-    out = evaluate(opt, loader, lambda x: x, 'test', 3, class_counts=[500, 50, 5])
-    assert out['test/per_class_acc'] == [50.0, 100.0, 50.0]
-    assert (out['test/many_acc'], out['test/medium_acc'], out['test/few_acc']) == (50.0, 100.0, 50.0)
-    assert out['test/acc'] == 62.5
-    assert 'test/few_acc' not in evaluate(opt, loader, lambda x: x, 'test', 3, class_counts=[500, 500, 50])
-
-
-# ---------------------------------------------------------------- runs that never lose work (through the scripts)
 def _digest(path):
     import hashlib
     with open(path, 'rb') as f:
@@ -196,75 +178,6 @@ def test_sigterm_says_how_to_continue(tmp_path):
     assert load(last)['epoch'] >= 1
 
 
-class _Batches(list):
-    """A list of batches that ``engine.train_loop`` takes for a loader (it asks for a sampler)."""
-    sampler = None
-
-
-def _loop(scaler, losses_of_steps, max_skipped=None, monkeypatch=None):
-    """``engine.train_loop`` over steps whose loss is ``factor * model(x).sum()`` for each factor given."""
-
-    import engine
-    if max_skipped is not None:
-        monkeypatch.setattr(engine, 'MAX_SKIPPED_STEPS', max_skipped)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    from schedule import Schedule
-    schedule = Schedule(learning_rate=0.1, epochs=1)
-    batches = _Batches([(torch.randn(8, 4), factor) for factor in losses_of_steps])
-
-    def step(batch, backward):
-        x, factor = batch
-        loss = model(x).sum() * factor
-        backward(loss)
-        return loss.detach(), x.shape[0], {'stat': loss.detach() * 0 + 1}
-    out = engine.train_loop(batches, engine.Optimization(optimizer, scaler, schedule), 1, step, 'test', print_freq=1000)
-    return out, model, scaler
-
-
-def test_fp16_non_finite_step_is_skipped_and_counted():
-    """A step whose loss (and so its gradients) is not finite under fp16 is skipped by the GradScaler, counted
-    in ``train/amp/skipped``, left out of the means, and the run goes on; the scale backs off."""
-    scaler = torch.amp.GradScaler('cpu', enabled=True, init_scale=1024.0)
-    out, model, scaler = _loop(scaler, [1.0, float('inf'), 1.0, 1.0])
-    assert out['train/amp/skipped'] == 1 and math.isfinite(out['train/loss']) and out['train/stat'] == 1
-    assert scaler.get_scale() == 512.0
-    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
-
-
-def test_fp16_stops_after_max_skipped_steps_in_a_row(monkeypatch):
-    from flags import UserError
-    scaler = torch.amp.GradScaler('cpu', enabled=True)
-    with pytest.raises(UserError, match='3 steps in a row had non-finite gradients'):
-        _loop(scaler, [1.0, float('inf'), float('inf'), float('inf'), 1.0], max_skipped=3, monkeypatch=monkeypatch)
-    _loop(torch.amp.GradScaler('cpu', enabled=True), [float('inf'), float('inf'), 1.0, float('inf')],
-          max_skipped=3, monkeypatch=monkeypatch)                          # not in a row: goes on
-
-
-def test_non_finite_loss_without_fp16_stops_at_once():
-    from flags import UserError
-    with pytest.raises(UserError, match='the loss became -?inf at epoch 1, iteration 2'):
-        _loop(torch.amp.GradScaler('cpu', enabled=False), [1.0, float('inf'), 1.0])
-
-
-def test_calibration_bins_equal_torchmetrics():
-    """``engine.CalibrationBins`` (per-bin sums on the device, read once) gives torchmetrics' ECE, also with
-    confidences on bin edges and at 1."""
-    from torchmetrics.classification import MulticlassCalibrationError
-
-    from engine import CalibrationBins
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(50, 4, generator=g) * 3).softmax(1) for _ in range(3)]
-    batches.append(torch.tensor([[1.0, 0, 0, 0], [0.6, 0.4, 0, 0], [0.2, 0.2, 0.2, 0.4]]))
-    ours, theirs = CalibrationBins(15, torch.device('cpu')), MulticlassCalibrationError(4, n_bins=15, norm='l1')
-    for probs in batches:
-        labels = torch.randint(0, 4, (probs.shape[0],), generator=g)
-        ours.update(probs, labels)
-        theirs.update(probs, labels)
-    assert ours.compute() == pytest.approx(float(theirs.compute()), abs=1e-6)
-
-
 @pytest.mark.slow
 def test_deterministic_mode_runs_every_part(tmp_path):
     """``--deterministic`` (torch.use_deterministic_algorithms; an operation without a deterministic form raises)
@@ -284,7 +197,7 @@ def test_deterministic_mode_runs_every_part(tmp_path):
 # ---------------------------------------------------------------- resume: finished runs, roll-backs, stage 2's input
 @pytest.mark.slow
 def test_stage_two_takes_its_input_from_stage_one_and_a_linear_run_resumes(tmp_path):
-    """Issue 33, cases 2, 5 and 15: main_linear.py takes --size (and --model, --mean, --std) from the stage-1
+    """main_linear.py takes --size (and --model, --mean, --std) from the stage-1
     checkpoint and refuses a contradicting --size in one line; its run resumes with its own flags (extended by
     --epochs), and resuming a finished run changes nothing (one line, exit 0)."""
     import json
@@ -309,7 +222,7 @@ def test_stage_two_takes_its_input_from_stage_one_and_a_linear_run_resumes(tmp_p
 
 @pytest.mark.slow
 def test_resuming_an_older_checkpoint_is_refused(tmp_path):
-    """Issue 33, case 6: resuming ckpt_epoch_1.pth of a run whose last.pth is at epoch 2 would roll it back."""
+    """Resuming ckpt_epoch_1.pth of a run whose last.pth is at epoch 2 would roll it back."""
     args = ['--epochs', 2, '--save_freq', 1, '--size', 8, '--batch_size', 256, '--num_workers', 0,
             '--print_freq', 1000, '--device', 'cpu']
     run_script('main_ce.py', *args, '--save_folder', tmp_path)
@@ -325,7 +238,7 @@ SMALL = ['--size', 8, '--epochs', 1, *FAST]
 
 
 def test_a_run_folder_is_held_by_one_process(tmp_path):
-    """Issue 33, case 1: a run folder is locked before any work; a second process on it gets one line naming the
+    """A run folder is locked before any work; a second process on it gets one line naming the
     holder (here a lock this test holds, as a running script does) and writes nothing there."""
     import fcntl
 
@@ -342,13 +255,13 @@ def test_a_run_folder_is_held_by_one_process(tmp_path):
 
 
 def test_the_seed_names_the_run_and_a_folder_refuses_another_experiment(tmp_path):
-    """Issue 33, case 1: --seed is in the run name (not when it is the default 0, SupContrast's names); a flag
+    """--seed is in the run name (not when it is the default 0, SupContrast's names); a flag
     that is not in the name but changes the result (here --momentum) makes the folder refuse a second experiment
     even before the first wrote a checkpoint; the same experiment takes over what an attempt without a checkpoint
     left."""
     from engine import RUN_IDENTITY, prepare_run_folder
     from options import parse_option
-    from util import release_run_folder
+    from run_folder import release_run_folder
 
     def opt_of(*args):
         return parse_option('supcon', list(map(str, [*SMALL, '--save_folder', tmp_path, *args])))
@@ -374,7 +287,7 @@ def json_of(path):
 
 @pytest.mark.slow
 def test_two_runs_started_at_once_on_one_folder(tmp_path):
-    """Issue 33, case 1: the same command started twice at once: one run trains, the other stops with one line
+    """The same command started twice at once: one run trains, the other stops with one line
     (the folder is in use, or, if the first finished already, holds a run); one TensorBoard file."""
     cmd = [sys.executable, os.path.join(ROOT, 'main_supcon.py'), *map(str, [*SMALL, '--epochs', 2,
                                                                            '--save_folder', tmp_path])]
@@ -388,18 +301,9 @@ def test_two_runs_started_at_once_on_one_folder(tmp_path):
     assert len(os.listdir(os.path.join(run, 'tensorboard'))) == 1 and load(os.path.join(run, 'last.pth'))['epoch'] == 2
 
 
-def test_fit_name_keeps_names_within_the_file_system_limit():
-    from util import fit_name
-    assert fit_name('short') == 'short'
-    long_a, long_b = 'a' * 300, 'a' * 299 + 'b'
-    assert len(fit_name(long_a).encode()) == 255 and fit_name(long_a) == fit_name('a' * 300)
-    assert fit_name(long_a) != fit_name(long_b) and fit_name(long_a).startswith('a' * 200)
-    assert len(fit_name('é' * 200).encode()) <= 255         # never half a character
-
-
 @pytest.mark.slow
 def test_a_long_trial_fits_at_both_stages(tmp_path):
-    """Issue 33, case 16: a --trial that makes a 300-byte run name: stage 1's folder name is shortened with a hash
+    """A --trial that makes a 300-byte run name: stage 1's folder name is shortened with a hash
     (the full name in run.json), and stage 2, whose name adds to stage 1's, runs too."""
     trial = 't' * 240
     run_script('main_supcon.py', *SMALL, '--trial', trial, '--save_folder', tmp_path / 'pre')
@@ -413,7 +317,7 @@ def test_a_long_trial_fits_at_both_stages(tmp_path):
 
 @pytest.mark.slow
 def test_a_burst_of_sigterms_gives_one_line(tmp_path):
-    """Issue 33 (also seen): many SIGTERMs in a row (a cluster's scheduler, a shell loop) while the run winds down
+    """Many SIGTERMs in a row (a cluster's scheduler, a shell loop) while the run winds down
     and writes: one line on stderr, however many signals, and the checkpoint intact."""
     args = ['--epochs', 50, *FAST, '--save_folder', tmp_path]
     cmd = [sys.executable, os.path.join(ROOT, 'main_ce.py'), *map(str, args)]
@@ -432,14 +336,3 @@ def test_a_burst_of_sigterms_gives_one_line(tmp_path):
     assert err.strip().splitlines() == [f'main_ce.py: interrupted; the last complete checkpoint is intact: '
                                         f'continue with --resume {last}'], err
     assert load(last)['epoch'] >= 1
-
-
-def test_calibration_bins_hold_their_lower_edge():
-    """Issue 41: bin b holds confidences in [b/n, (b+1)/n) (a confidence on an edge goes to the bin above it) and a
-    confidence of 1 has a bin of its own, as the docstring says."""
-    from engine import CalibrationBins
-    bins = CalibrationBins(4, torch.device('cpu'))
-    conf = torch.tensor([0.5, 0.75, 0.7499, 1.0], dtype=torch.float64)
-    probs = torch.stack([conf, (1 - conf) / 2, (1 - conf) / 2], 1)
-    bins.update(probs, torch.zeros(4, dtype=torch.long))
-    assert bins.sums[1].tolist() == pytest.approx([0, 0, 0.5 + 0.7499, 0.75, 1.0])

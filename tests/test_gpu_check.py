@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py (scripts/gpu_check.sh), the GPU session's one command: its dry run end to end on this
+"""benchmarks/gpu_check.py (scripts/gpu_check.sh), the GPU check in one command: its dry run end to end on this
 machine (every section; those that need CUDA say ``skipped: no CUDA``, never ``passed``), a failing or hanging
 section recorded while the next one runs, and the checks its verdicts rest on."""
 import json

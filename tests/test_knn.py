@@ -75,7 +75,7 @@ def test_knn_memory_is_bounded_and_small_temperatures_do_not_overflow():
 
 @pytest.mark.slow
 def test_the_monitor_neither_overflows_nor_moves_the_run(tmp_path):
-    """Issue 33, cases 3 and 4, through the real script: with ``--knn_t 0.01`` (exp(s / t) overflows float32)
+    """Through the real script: with ``--knn_t 0.01`` (exp(s / t) overflows float32)
     the monitor reports an accuracy, not NaN votes; and two epochs with the monitor give the weights of two epochs
     without it (its loaders draw from no RNG the run uses)."""
     from helpers import assert_one_line_error, load, run_in_process

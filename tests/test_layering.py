@@ -161,7 +161,7 @@ def python_files():
 
 
 def test_options_are_made_by_the_parser_only(tmp_path):
-    """Issue 49: options come from ``options.parse_option`` (tests: ``helpers.make_options``), never a namespace
+    """Options come from ``options.parse_option`` (tests: ``helpers.make_options``), never a namespace
     built by hand, so a new flag can never break a test, a benchmark or analyze.py. Power: a doctored file's two
     namespaces (one under another import name) are caught."""
     assert namespaces_built([p for p in python_files() if p.relative_to(ROOT) != pathlib.Path('options.py')]) == []
@@ -190,10 +190,10 @@ def wide_functions(paths, limit=MAX_STEP_PARAMETERS):
 
 
 def test_step_functions_stay_narrow(tmp_path):
-    """Issue 49: no function of the training step and loop (steps.py, engine.py) takes more than 7 parameters: what
-    belongs together travels as the object that owns it (``steps.CarrotTerm``, ``engine.Optimization``). Power: an
-    8-parameter function is caught."""
-    assert wide_functions([ROOT / 'steps.py', ROOT / 'engine.py']) == []
+    """No function of the training step, the loop and the run (steps.py, loop.py, engine.py, probes.py) takes more
+    than 7 parameters: what belongs together travels as the object that owns it (``steps.CarrotTerm``,
+    ``loop.Optimization``, a trainer). Power: an 8-parameter function is caught."""
+    assert wide_functions([ROOT / 'steps.py', ROOT / 'loop.py', ROOT / 'engine.py', ROOT / 'probes.py']) == []
     wide = tmp_path / 'wide.py'
     wide.write_text('def f(a, b, c, d, e, g, h, i):\n    pass\n\n\nclass K:\n    def m(self, a, b, c, d, e, g, h):\n'
                     '        pass\n')

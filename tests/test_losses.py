@@ -254,7 +254,7 @@ def test_logit_adjustment_power_and_arguments():
 
 # ---------------------------------------------------------------- class blocks grouped by size
 def test_class_groups_cover_every_row_once_and_bound_the_padding():
-    """Issue 41: ``class_groups`` puts every row in exactly one block entry of its class, ``per_row`` reads it back,
+    """``class_groups`` puts every row in exactly one block entry of its class, ``per_row`` reads it back,
     and the padded entries stay within 4 sum_c n_c^2 on a long tail where one block padded to the largest class
     takes far more (the power check: 10 classes of 2^9 .. 1 rows)."""
     from losses import class_blocks, class_groups
@@ -275,7 +275,7 @@ def test_class_groups_cover_every_row_once_and_bound_the_padding():
 
 
 def test_queue_positive_sums_in_blocks_equal_one_block():
-    """Issue 41: the queue's per-sample positive sums, built from [B, chunk] blocks of the label match (bounded memory
+    """The queue's per-sample positive sums, built from [B, chunk] blocks of the label match (bounded memory
     at MoCo's queue sizes), equal the single [B, K] product; the counts exactly."""
     from helpers import loss_queue
     from losses import queue_positive_sums
@@ -290,7 +290,7 @@ def test_queue_positive_sums_in_blocks_equal_one_block():
 
 
 def test_queue_logsumexp_in_blocks_equals_the_dense_logsumexp():
-    """Issue 41: the queue's logsumexp over [M, chunk] blocks, recomputed in the backward, equals autograd through the
+    """The queue's logsumexp over [M, chunk] blocks, recomputed in the backward, equals autograd through the
     dense [M, K] logsumexp in value and gradient (a weighted sum of the rows), every key invalid included (-inf, no
     gradient)."""
     from helpers import loss_queue

@@ -89,7 +89,7 @@ def test_power_the_references_tell_the_losses_apart():
 
 def test_one_class_values_by_definition():
     """One class, no queue: SupDCL and SINCERE have no negatives (0 and, with a margin, -eps: logit units since
-    issue 41); L_spread's
+    6d42068); L_spread's
     class-conditional term is SimCLR's NT-Xent with tau_base = tau."""
     feats, labels = case('one class')
     assert float(supdcl_loss(feats, labels, TAU)) == 0.0

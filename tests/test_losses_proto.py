@@ -162,7 +162,7 @@ def test_targets_are_a_regular_simplex_and_seeded(n_classes, dim):
 
 
 def test_targets_beyond_the_simplex_as_the_authors_optimize_them():
-    """Issue 41: with C >> D the targets come from the authors' Adam steps (lr 1e-3, T = 0.07; 10,000 by default, 2,000
+    """With C >> D the targets come from the authors' Adam steps (lr 1e-3, T = 0.07; 10,000 by default, 2,000
     here): 64 classes in 6 dimensions end far more spread than they start and than after 100 steps (the power
     check: a short optimization, as the pre-issue-41 one was at large C, leaves them closer). The figures at
     C = 1000, D = 128 are in docs/FIELD.md, "TSC"."""

@@ -16,7 +16,7 @@ def test_ce_then_linear_with_val_split(shared_run, tmp_path):
     assert 'best test top-1' in out.stdout
     assert 'test/acc' in read_metrics(run)[-1]
     # the encoder trained on the long-tailed digits; evaluated on the balanced digits (given: the checkpoint's
-    # dataset is the default since issue 41)
+    # dataset is the default since 6d42068)
     out = run_script('main_linear.py', '--ckpt', os.path.join(run, 'last.pth'), '--dataset', 'digits', '--epochs', 1,
                      '--val_split', 0.2, '--save_folder', tmp_path / 'lin', *FAST)
     assert 'best val top-1' in out.stdout
@@ -78,7 +78,7 @@ def test_one_stage_ce_supcon_resumes_exactly_and_evaluates(tmp_path):
 
 
 def test_batch_of_one_never_reaches_batchnorm(tmp_path):
-    """Issue 33, case 10: 9 training images in batches of 4 leave one image at the end of an epoch: it is dropped
+    """9 training images in batches of 4 leave one image at the end of an epoch: it is dropped
     (train mode BatchNorm fails on a batch of one), so the run completes and saves."""
     from helpers import make_image_folder
     make_image_folder(tmp_path / 'data' / 'train', per_class=3)
@@ -91,7 +91,7 @@ def test_batch_of_one_never_reaches_batchnorm(tmp_path):
 
 
 def test_no_chunk_or_batch_of_one_image_reaches_batchnorm(tmp_path):
-    """Issue 33, case 10, its other instances: --batch_size 1 (or one image per torchrun process) and --chunk_size 1
+    """--batch_size 1 (or one image per torchrun process) and --chunk_size 1
     with single-view cross-entropy are one line; a batch of 5 in chunks of 4 would end in a chunk of one image:
     that chunk is merged into the one before, and the run trains."""
     from helpers import assert_one_line_error, make_image_folder
@@ -111,7 +111,7 @@ def test_no_chunk_or_batch_of_one_image_reaches_batchnorm(tmp_path):
 
 @pytest.mark.xdist_group('tiny')
 def test_label_fraction_says_how_many_labelled_images_and_results_record_n_train(tmp_path, tiny_ckpt):
-    """Issue 48 (8): --label_fraction never said how many labelled images a run used, and main_ce.py's results.json
+    """--label_fraction never said how many labelled images a run used, and main_ce.py's results.json
     had no n_train (USAGE said it had): both scripts say it when training starts, both results hold it."""
     out = run_script('main_ce.py', '--label_fraction', 0.1, '--epochs', 1, '--save_folder', tmp_path / 'ce', *FAST)
     assert '--label_fraction 0.1: 142 labelled training images of 1437' in out.stdout

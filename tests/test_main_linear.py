@@ -1,4 +1,4 @@
-"""main_linear.py's evaluations beyond the frozen linear probe (issue 42): end-to-end fine-tuning (--finetune, the
+"""main_linear.py's evaluations beyond the frozen linear probe: end-to-end fine-tuning (--finetune, the
 encoder at its own learning rate), a fixed labelled fraction of the training set (--label_fraction), and transfer
 (a checkpoint evaluated on another dataset). The frozen probe itself: tests/test_main_supcon.py and others."""
 import json
@@ -72,7 +72,7 @@ def test_transfer_to_another_dataset(tiny_ckpt, tmp_path):
 
 @pytest.mark.xdist_group('tiny')
 def test_a_diverged_probe_says_so_and_the_normalized_probe(tiny_ckpt, tmp_path):
-    """Issue 48 (6): a probe whose training loss ends above chance level (ln C) reported its accuracy with exit 0 and
+    """A probe whose training loss ends above chance level (ln C) reported its accuracy with exit 0 and
     no word; now a warning line, ``warnings.txt`` and ``probe_diverged``/``probe_warning`` in results.json. A probe
     that trains says ``probe_diverged: false``. ``--probe_norm bn``: MAE's BatchNorm (no affine parameters) before
     the linear layer, in the checkpoint and the run name."""

@@ -13,6 +13,7 @@ from helpers import (
     FAST,
     assert_one_line_error,
     load,
+    method_modes,
     only_run_folder,
     read_metrics,
     run_in_process,
@@ -149,7 +150,7 @@ def test_supcon_carrot_then_linear(tmp_path, method):
 
 
 # ---------------------------------------------------------------- the published variants (docs/FIELD.md)
-FIELD = {   # method -> flags: each with one of the features its definition allows
+FEATURES = {   # method -> flags: each with one of the features its definition allows
     'KCL': ['--kcl_k', 2, '--chunk_size', 40],
     'SINCERE': ['--queue_size', 256, '--moco_m', 0],
     'EpsSupInfoNCE': ['--eps_margin', 0.2, '--carrot'],
@@ -159,6 +160,20 @@ FIELD = {   # method -> flags: each with one of the features its definition allo
     'PaCo': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--queue_size', 256, '--moco_m', 0.9, '--chunk_size', 40],
     'TSC': ['--kcl_k', 3, '--carrot'],      # targets re-assigned each epoch: the assignment is resumed too
 }
+
+
+def field():
+    """Every method of the registry but ours (tested above): its flags in :data:`FEATURES`, else its richest mode of
+    ``helpers.method_modes`` (the queue and CARROT where it takes them), so a newly registered method is trained,
+    resumed and evaluated here too."""
+    richest = {}
+    for argv in method_modes(skip=('SupCon', 'SimCLR', 'RASCAL')).values():
+        if len(argv[2:]) >= len(richest.get(argv[1], [])):
+            richest[argv[1]] = argv[2:]
+    return {**richest, **FEATURES}
+
+
+FIELD = field()
 
 
 @pytest.mark.parametrize('method', list(FIELD))
@@ -255,7 +270,7 @@ def test_queue_with_other_methods(tmp_path, args):
 
 @pytest.mark.slow
 def test_a_timm_vit_trains_resumes_exactly_and_is_evaluated(tmp_path):
-    """Issue 42: ``--model timm:<name>`` through the real scripts: a 2-block ViT at 16 px pre-trains, 1 epoch +
+    """``--model timm:<name>`` through the real scripts: a 2-block ViT at 16 px pre-trains, 1 epoch +
     ``--resume`` equals 2 epochs bit for bit, main_linear.py rebuilds the encoder from the checkpoint (its
     ``--model_args`` and size) and evaluates it, main_ce.py trains it; wrong names and flags are one line."""
     vit = ['--model', 'timm:vit_tiny_patch16_224', '--model_args', 'depth=2,patch_size=8,embed_dim=32,num_heads=2',
@@ -287,7 +302,7 @@ def test_a_timm_vit_trains_resumes_exactly_and_is_evaluated(tmp_path):
 
 @pytest.mark.slow
 def test_compile_trains_and_its_checkpoints_load_without_it(tmp_path):
-    """Issue 42: ``--compile`` (torch.compile of the encoder and head, in place) trains; its checkpoint holds the plain
+    """``--compile`` (torch.compile of the encoder and head, in place) trains; its checkpoint holds the plain
     parameter names, resumes without ``--compile`` (not part of the experiment) and loads in main_linear.py."""
     args = ['--epochs', 1, '--batch_size', 128, '--size', 8, '--augment', 'device', '--num_workers', 0, '--device',
             'cpu', '--print_freq', 1000, '--save_folder', tmp_path / 'pre']

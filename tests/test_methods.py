@@ -83,3 +83,68 @@ def test_register_refuses_duplicates_and_conflicting_flags():
     with pytest.raises(ValueError, match='differs'):
         register(Method('Other', build=None, flags={'--rascal_weighting': dict(type=int)}))
     assert 'Other' not in METHODS
+
+
+TOY_WITH_LABELS = '''
+import torch.nn.functional as F
+
+from losses import Loss, SupConLoss
+from methods import Method, register
+
+
+class ToySupConLoss(Loss):
+    """SupCon scaled by a weight, or by its square (--toy_mode square): a labelled toy with a flag of choices."""
+
+    def __init__(self, weight, mode, temp):
+        super().__init__()
+        self.supcon, self.factor = SupConLoss(temperature=temp), weight if mode == 'plain' else weight ** 2
+
+    def forward(self, features, labels=None, queue=None):
+        loss = self.supcon(features, labels, queue=queue)
+        self.last_stats = {'factor': loss.new_tensor(self.factor)}
+        return self.factor * loss
+
+
+register(Method('ToySupCon', build=lambda toy_weight, toy_mode, temp: ToySupConLoss(toy_weight, toy_mode, temp),
+                takes_queue=True, stats_prefix='toy/',
+                flags={'--toy_weight': dict(type=float, default=0.5, help='weight of the toy loss'),
+                       '--toy_mode': dict(choices=['plain', 'square'], default='plain', help='how the weight acts')}))
+'''
+
+
+@pytest.fixture
+def toy_registered(tmp_path, monkeypatch):
+    """The labelled toy method registered in this process, as a plug-in would be, and removed after the test."""
+    (tmp_path / 'toy_supcon.py').write_text(TOY_WITH_LABELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, 'toy_supcon', raising=False)
+    before = dict(METHODS)
+    __import__('toy_supcon')
+    yield
+    METHODS.clear()
+    METHODS.update(before)
+
+
+def test_a_registered_method_is_in_the_sync_step_and_flag_tests_without_editing_them(toy_registered, monkeypatch):
+    """Registering a method is all it takes for the suite to cover it: the per-method tests take their modes from
+    the registry (helpers.method_modes, helpers.method_flag_needs), so the toy is among the modes of the sync test
+    (no host wait in a step), the step tests (gradient caching equals the plain step) and the flag walk; each of those
+    tests, run on the toy's modes, passes."""
+    import test_steps
+    import test_sync
+
+    import sync_count
+    from helpers import method_flag_needs, method_modes
+    modes = {name: argv for name, argv in method_modes().items() if 'ToySupCon' in argv}
+    assert set(modes) == {'ToySupCon', 'ToySupCon + queue + CARROT', 'ToySupCon --toy_mode=square'}
+    assert method_flag_needs()['--toy_mode'] == ['--method', 'ToySupCon']
+    for name, argv in modes.items():
+        monkeypatch.setitem(test_sync.MODES, name, argv)
+        with sync_count.accelerator_forms():        # the sync test's fixture
+            test_sync.test_pretraining_step_never_waits_for_the_device(name, None)
+        steps_argv = method_modes(queue=('--queue_size', '64', '--moco_m', '0'),
+                                  carrot=('--carrot', '--carrot_alpha_max', 'inf'))[name]
+        monkeypatch.setitem(test_steps.CASES, name, steps_argv)
+        test_steps.test_chunked_step_equals_the_plain_step(name, 5)
+    opt = parse_option('supcon', ['--method', 'ToySupCon', '--toy_mode', 'square'])
+    assert opt.toy_weight == 0.5 and opt.toy_mode == 'square'

@@ -1,4 +1,4 @@
-"""networks/: the ImageNet stem of our ResNets, timm's models by name (issue 42), and every method's step on a tiny
+"""networks/: the ImageNet stem of our ResNets, timm's models by name, and every method's step on a tiny
 ViT: gradient caching equals the plain step (a ViT has no BatchNorm, so this holds in train mode too)."""
 import pytest
 import torch
@@ -48,7 +48,7 @@ def test_timm_models_by_name_without_downloads():
 
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_every_method_trains_a_vit_and_chunks_equal_the_plain_step(case):
-    """Issue 42: every method (and CE) takes a step on a tiny ViT built as the scripts build it, and gradient caching
+    """Every method (and CE) takes a step on a tiny ViT built as the scripts build it, and gradient caching
     gives the plain step's gradients in train mode (no BatchNorm couples the samples of a chunk)."""
     def run(chunk):
         training = build_training([*CASES[case], *TINY_VIT], ce=case.startswith('CE'), chunk=chunk, train=True,
@@ -62,7 +62,7 @@ def test_every_method_trains_a_vit_and_chunks_equal_the_plain_step(case):
 
 
 def test_model_args_timm_rejects_are_one_line_naming_the_argument_and_the_model(tmp_path):
-    """Issue 48 (4): arguments passed through to timm: a bad value or an unknown key was a raw TypeError from timm;
+    """Arguments passed through to timm: a bad value or an unknown key was a raw TypeError from timm;
     now one line naming the argument and the model, before anything is built."""
     from helpers import assert_one_line_error, run_in_process
     vit = ['--model', 'timm:vit_tiny_patch16_224', '--epochs', 1, '--save_folder', tmp_path]

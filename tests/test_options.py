@@ -1,13 +1,12 @@
 """options.py: parsing, defaults, validation and run names (in-process, no training), and bad input through the
 real scripts: one line on stderr, non-zero exit, no traceback."""
 import argparse
-import os
 
 import pytest
 import torch
 
 from flags import UserError
-from helpers import ROOT, assert_one_line_error, run_in_process, run_script
+from helpers import assert_one_line_error, method_flag_needs, run_in_process, run_script
 from options import parse_option
 
 
@@ -102,13 +101,17 @@ ACCEPTED = {
     ('--supcon_weight', '0'): 'one-stage SupCon off (the default)', ('--kcl_k', '0'): 'KCL: the own views only',
     ('--eps_margin', '0'): 'epsilon-SupInfoNCE is SINCERE', ('--spread_alpha', '0'): 'L_spread is SupCon',
     ('--la_tau', '0'): 'logit adjustment is plain cross-entropy',
+    ('--tsc_weight', '0'): 'TSC without its targets is KCL',
+    ('--paco_gamma', '0'): 'PaCo, the class entries without the samples in the denominator',
+    ('--paco_alpha', '0'): 'PaCo without same-label samples among the positives',
+    ('--bcl_weight', '0'): 'BCL with its cross-entropy alone',
+    ('--bcl_ce_weight', '0'): 'BCL with its balanced contrastive term alone',
 }
 NEEDS = {   # flags that only mean something with another flag: given alone they are refused
-    '--margin': ['--simclr_loss', 'margin_triplet'], '--rascal_weighting': ['--method', 'RASCAL'],
+    **method_flag_needs(),        # a method's own flag needs its --method (the registry says which)
+    '--margin': ['--simclr_loss', 'margin_triplet'],
     '--carrot_alpha_max': ['--carrot'], '--carrot_weight': ['--carrot'], '--carrot_on': ['--carrot'],
     '--moco_m': ['--queue_size', '1024'], '--shuffle_bn_splits': ['--queue_size', '1024'],
-    '--kcl_k': ['--method', 'KCL'], '--eps_margin': ['--method', 'EpsSupInfoNCE'],
-    '--spread_alpha': ['--method', 'Spread'],
     '--la_tau': ['--loss', 'logit_adjusted'],
 }
 
@@ -123,7 +126,7 @@ def _typed_flags(script):
 
 def _outcome(script, argv, capsys):
     """(accepted, stderr lines) of parsing ``argv`` through run_cli (exit status and output as the scripts)."""
-    from util import run_cli
+    from cli import run_cli
     try:
         run_cli(lambda: parse_option(script, argv))
     except SystemExit as e:
@@ -209,57 +212,8 @@ def test_carrot_errors(argv, words):
         assert w in proc.stderr
 
 
-def _usage_rows():
-    """``{'--flag': default text}`` from the flag tables of docs/USAGE.md (rows ``| `--a`, `--b` | d1, d2 | ...``)."""
-    import re
-    rows = {}
-    for line in open(os.path.join(ROOT, 'docs', 'USAGE.md')):
-        cells = [c.strip() for c in line.strip().strip('|').split('|')]
-        if line.startswith('| `--') and len(cells) >= 3:
-            flags = re.findall(r'`(--\w+)`', cells[0])
-            defaults = [d.strip() for d in cells[1].split(',')] if len(flags) > 1 else [cells[1]]
-            for i, flag in enumerate(flags):
-                rows[flag] = defaults[i] if len(defaults) == len(flags) else cells[1]
-    return rows
-
-
-def _same_default(text, value):
-    text = text.strip('` ')
-    if value is None or value is False or value == '':
-        return text in ('', 'off') or value is None     # None: a default that depends on other flags, in words
-    if isinstance(value, (list, tuple)):
-        return text == ','.join(map(str, value))
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            return float(text) == float(value)
-        except ValueError:
-            return False
-    return text == str(value)
-
-
-def test_usage_flag_table_matches_the_parsers():
-    """docs/USAGE.md lists every flag of the three scripts, each with the parser's default (per script
-    ``supcon / ce / linear`` where they differ): the table cannot drift from the declarations."""
-    from methods import method_flags
-    from options import build_parser
-    rows = _usage_rows()
-    method_defaults = {flag: kwargs.get('default') for flag, (kwargs, _) in method_flags().items()}
-    for script in ('supcon', 'ce', 'linear'):
-        for action in build_parser(script)._actions:
-            for flag in action.option_strings:
-                if flag in ('-h', '--help'):
-                    continue
-                assert flag in rows, f'{flag} ({script}) is missing from the flag tables of docs/USAGE.md'
-                default = method_defaults.get(flag, action.default)
-                text = rows[flag]
-                if ' / ' in text:     # per script
-                    text = text.split(' / ')[('supcon', 'ce', 'linear').index(script)]
-                assert _same_default(text, default), f'{flag} ({script}): docs/USAGE.md says {rows[flag]!r}, ' \
-                                                     f'the parser {default!r}'
-
-
 def test_integers_beyond_64_bits_are_refused_in_one_line(capsys):
-    """Issue 33, case 8: --seed 1180591620717411303424 overflowed inside torch (a traceback)."""
+    """--seed 1180591620717411303424 overflowed inside torch (a traceback)."""
     for script, flag in [('supcon', '--seed'), ('linear', '--shot_seed'), ('ce', '--epochs')]:
         base = ['--ckpt', 'x.pth'] if script == 'linear' else []
         accepted, lines = _outcome(script, base + [flag, '1180591620717411303424'], capsys)

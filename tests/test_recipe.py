@@ -83,7 +83,7 @@ def test_a_missing_file_and_another_scripts_run_json_are_one_line(tmp_path):
                                            ('main_ce.py', ['--label_fraction', 0.5, '--warm', '--warm_epochs', 1])],
                          ids=['supcon-kcl', 'ce-fraction-warm'])
 def test_a_run_started_again_from_its_run_json_is_the_same_run(tmp_path, script, flags):
-    """Issue 50: ``--config <run>/run.json --save_folder NEW`` reproduces the run bit for bit on a CPU, and the new
+    """``--config <run>/run.json --save_folder NEW`` reproduces the run bit for bit on a CPU, and the new
     run's run.json records the file it came from."""
     run_script(script, *FAST, '--epochs', 2, *flags, '--save_folder', tmp_path / 'a')
     first = only_run_folder(tmp_path / 'a')

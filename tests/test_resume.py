@@ -111,7 +111,7 @@ def test_resume_on_another_device_reseeds_with_a_notice(shared_run, tmp_path):
                                                ('main_ce.py', ['--optimizer', 'adamw', '--exclude_bias_norm',
                                                                '--learning_rate', '0.001', '--weight_decay', '0.05'])])
 def test_optimizers_resume_exactly(script, optimizer, tmp_path):
-    """Issue 42: LARS and AdamW (with the weight-decay exclusions, and a 2-epoch warm-up: --warm_epochs) resume bit
+    """LARS and AdamW (with the weight-decay exclusions, and a 2-epoch warm-up: --warm_epochs) resume bit
     for bit: 1 epoch + --resume equals 2 epochs (model and optimizer state); the run name says the optimizer."""
     args = [*optimizer, '--warm', '--warm_epochs', 2, '--batch_size', 128, '--size', 8, '--augment', 'device',
             '--num_workers', 0, '--device', 'cpu', '--print_freq', 1000]

@@ -39,7 +39,7 @@ def test_warmup_per_iteration():
     assert optim.param_groups[0]['lr'] == pytest.approx(opt.warmup_target())
 
 
-# ---------------------------------------------------------------- optimizers (issue 42)
+# ---------------------------------------------------------------- optimizers
 def lars_reference(weights, grads_per_step, lr, momentum, weight_decay, eta, scaled):
     """LARS written per tensor from its definition: d = g + wd w; d *= eta ||w|| / ||d|| (when both are non-zero and
     the tensor is scaled); buf = momentum buf + d; w -= lr buf. Float64."""
@@ -100,7 +100,7 @@ def test_optimizer_groups_and_exclusions():
         p.numel() for p in model.parameters())
 
 
-# ---------------------------------------------------------------- warm-up start (issue 48, 5)
+# ---------------------------------------------------------------- warm-up start
 @pytest.mark.parametrize('optimizer', ['sgd', 'adamw', 'lars'])
 @pytest.mark.parametrize('lr', [1e-4, 1e-3, 0.05, 0.5, 5.0])
 def test_every_optimizers_warmup_starts_below_its_target_and_rises(optimizer, lr):

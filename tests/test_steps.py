@@ -6,31 +6,19 @@ import pytest
 import torch
 
 import steps
-from helpers import build_training, step_batch, take_steps
+from helpers import build_training, method_modes, step_batch, take_steps
 
-CASES = {
-    'SupCon': ['--method', 'SupCon'],
-    'SimCLR': ['--method', 'SimCLR'],
-    'SimCLR-ntlogistic': ['--method', 'SimCLR', '--simclr_loss', 'ntlogistic'],
-    'RASCAL': ['--method', 'RASCAL'],
-    'SupCon+CARROT': ['--method', 'SupCon', '--carrot', '--carrot_alpha_max', 'inf'],
-    'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
-    'CE+CARROT': ['--carrot', '--carrot_alpha_max', 'inf'],
-    'CE+SupCon+CARROT': ['--supcon_weight', '0.5', '--carrot', '--carrot_alpha_max', 'inf'],
-    'CE-logit_adjusted': ['--loss', 'logit_adjusted', '--la_tau', '1.5'],
-    'KCL': ['--method', 'KCL', '--kcl_k', '2'],
-    'SINCERE': ['--method', 'SINCERE'],
-    'EpsSupInfoNCE+CARROT': ['--method', 'EpsSupInfoNCE', '--carrot', '--carrot_alpha_max', 'inf'],
-    'SupDCL': ['--method', 'SupDCL'],
-    'Spread': ['--method', 'Spread'],
-    'BCL': ['--method', 'BCL'],
-    'BCL+CARROT': ['--method', 'BCL', '--carrot', '--carrot_alpha_max', 'inf'],
-    'PaCo-queue': ['--method', 'PaCo', '--queue_size', '64', '--moco_m', '0', '--paco_alpha', '0.3', '--paco_gamma',
-                   '0.5', '--paco_beta', '2'],
-    'GPaCo+CARROT': ['--method', 'GPaCo', '--carrot', '--carrot_alpha_max', 'inf'],
-    'TSC': ['--method', 'TSC', '--kcl_k', '2', '--tsc_weight', '2'],
-    'TSC assigned each step': ['--method', 'TSC', '--kcl_k', '2', '--tsc_assign', 'step'],
-}
+# every method of the registry (helpers.method_modes: alone, with a queue without key encoder and CARROT uncapped where
+# it takes them, each choice of its flags), the cross-entropy family, and settings of a method's own flags
+CASES = {**method_modes(queue=('--queue_size', '64', '--moco_m', '0'),
+                        carrot=('--carrot', '--carrot_alpha_max', 'inf')),
+         'RASCAL+CARROT-head': ['--method', 'RASCAL', '--carrot', '--carrot_on', 'head'],
+         'CE+CARROT': ['--carrot', '--carrot_alpha_max', 'inf'],
+         'CE+SupCon+CARROT': ['--supcon_weight', '0.5', '--carrot', '--carrot_alpha_max', 'inf'],
+         'CE-logit_adjusted': ['--loss', 'logit_adjusted', '--la_tau', '1.5'],
+         'KCL k 2': ['--method', 'KCL', '--kcl_k', '2'],
+         'PaCo weights': ['--method', 'PaCo', '--paco_alpha', '0.3', '--paco_gamma', '0.5', '--paco_beta', '2'],
+         'TSC k 2 weight 2': ['--method', 'TSC', '--kcl_k', '2', '--tsc_weight', '2']}
 
 
 def build(case, chunk_size, train=False, dropout=False):
@@ -168,7 +156,7 @@ def test_the_bcl_weights_reach_its_loss(ce_weight, weight):
 
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_three_views_train_every_method_and_chunks_equal_the_plain_step(case):
-    """Issue 42, --n_views: every method takes V = 3 views of each sample in a step (finite loss, gradients), and
+    """Every method takes V = 3 views of each sample in a step (finite loss, gradients), and
     gradient caching still gives the plain step's gradients."""
     views, labels, ids = step_batch(0)
     views = views + [views[0].flip(-1)]
@@ -181,7 +169,7 @@ def test_three_views_train_every_method_and_chunks_equal_the_plain_step(case):
 
 @pytest.mark.parametrize('case', sorted(c for c in CASES if not c.startswith('CE') and 'queue' not in c))
 def test_multicrop_views_of_two_sizes_train_every_method(case):
-    """Issue 42, --num_small_crops: a batch of two 16-px and two 8-px views (large first) takes one step for every
+    """A batch of two 16-px and two 8-px views (large first) takes one step for every
     method (finite loss, gradients); the model encodes each size on its own in one forward, in view-major order:
     with BatchNorm in eval mode its rows equal encoding each view alone."""
     views, labels, ids = step_batch(0)
