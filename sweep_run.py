@@ -331,7 +331,9 @@ def queued(job_ids):
     try:
         out = subprocess.run(['squeue', '-h', '-r', '-o', '%i %T', '-j', ','.join(arrays)], capture_output=True,
                              text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    except OSError:
+        return set()                    # no SLURM here: none of them is queued where this runs
+    except subprocess.TimeoutExpired:
         return set(job_ids)             # cannot tell: still there
     if out.returncode != 0 and 'Invalid job id' not in out.stderr:
         return set(job_ids)
