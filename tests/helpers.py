@@ -105,7 +105,10 @@ class ForkedScript:
 
     def send_signal(self, signum):
         if self.returncode is None:
-            os.kill(self.pid, signum)
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:       # it has ended already: its exit status says how
+                pass
 
     def communicate(self, timeout=None):
         try:

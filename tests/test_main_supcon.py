@@ -164,10 +164,10 @@ FEATURES = {   # method -> flags: each with one of the features its definition a
 
 def field():
     """Every method of the registry but ours (tested above): its flags in :data:`FEATURES`, else its richest mode of
-    ``helpers.method_modes`` (the queue and CARROT where it takes them), so a newly registered method is trained,
-    resumed and evaluated here too."""
+    ``helpers.method_modes`` (a queue of 256 keys, this test's batch, and CARROT where it takes them), so a newly
+    registered method is trained, resumed and evaluated here too."""
     richest = {}
-    for argv in method_modes(skip=('SupCon', 'SimCLR', 'RASCAL')).values():
+    for argv in method_modes(queue=('--queue_size', '256'), skip=('SupCon', 'SimCLR', 'RASCAL')).values():
         if len(argv[2:]) >= len(richest.get(argv[1], [])):
             richest[argv[1]] = argv[2:]
     return {**richest, **FEATURES}
