@@ -149,6 +149,32 @@ def load_model_state(model, ckpt, model_name, path, what='checkpoint'):
                         f'({n} kinds of missing, unexpected or mis-shaped weights)') from None
 
 
+def saved_encoder(ckpt, model_name, path, flag='--ckpt'):
+    """``(encoder, feature dim, its state dict)`` of a checkpoint of any of the three scripts: the ``encoder.``
+    weights, loaded into a ``model_name`` encoder built as the checkpoint's configuration says it was trained (before
+    --stem existed: CIFAR's stem). A checkpoint without encoder weights, a model (a timm model or ``--model_args``
+    entry) this timm cannot build, and weights of another architecture are one line each, naming ``flag path``."""
+    state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items() if k.startswith('encoder.')}
+    if not state:
+        raise UserError(f'{flag} {path} holds no encoder weights (no "encoder." keys): is it a stage-1 or main_ce.py '
+                        'checkpoint?')
+    config = ckpt['config']
+    model_args = config.get('model_args') or ''
+    try:
+        encoder, dim = build_encoder(model_name, stem=config.get('stem') or 'cifar', size=config.get('size') or 32,
+                                     model_args=model_args)
+    except Exception as e:             # a timm model or argument this timm does not have
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f'{flag} {path} holds a {model_name} encoder'
+                        + (f' with --model_args {model_args}' if model_args else '')
+                        + f' that cannot be built here ({reason})') from None
+    try:
+        encoder.load_state_dict(state)
+    except RuntimeError:
+        raise UserError(f'{flag} {path}: its encoder weights do not match a {model_name} encoder') from None
+    return encoder, dim, state
+
+
 def load_encoder(path, model_name, default_model, runtime):
     """``(frozen encoder, model name)`` of the stage-1 checkpoint ``path`` (``--ckpt``), prepared by ``runtime``
     (a :class:`runtime.Runtime`). The model is ``model_name`` (``--model``), or when that is ``None`` the
@@ -159,21 +185,7 @@ def load_encoder(path, model_name, default_model, runtime):
         model_name = saved or default_model
     elif saved and saved != model_name:
         raise UserError(f'--ckpt {path} holds a {saved} encoder but --model is {model_name}')
-    state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items()
-             if k.startswith('encoder.')}
-    if not state:
-        raise UserError(f'--ckpt {path} has no encoder weights (no "encoder." keys)')
-    config = ckpt['config']       # the architecture as it was trained (before --stem existed: CIFAR's stem)
-    try:
-        encoder, _ = build_encoder(model_name, stem=config.get('stem') or 'cifar', size=config.get('size') or 32,
-                                   model_args=config.get('model_args') or '')
-    except Exception as e:             # a timm model or argument this timm does not have
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f'--ckpt {path} holds a {model_name} encoder that cannot be built here ({reason})') from None
-    try:
-        encoder.load_state_dict(state)
-    except RuntimeError:
-        raise UserError(f'--ckpt {path} does not match --model {model_name}') from None
+    encoder, _, _ = saved_encoder(ckpt, model_name, path)
     encoder = runtime.prepare_model(encoder).eval()
     for p in encoder.parameters():
         p.requires_grad_(False)

@@ -22,25 +22,16 @@ import subprocess
 
 import torch
 
-from checkpoint import clean_state_dict, current_umask, load_checkpoint, run_checkpoint
+from checkpoint import current_umask, load_checkpoint, run_checkpoint, saved_encoder
 from cli import run_cli
 from data import DATASETS, mean_std
 from flags import Parser, UserError
-from networks import MODELS, build_encoder, parse_model_args
+from networks import MODELS, parse_model_args
 from run_folder import writable_folder
 from run_log import read_metrics
 
 TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name
 CIFAR_STEM = 'model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()'
-
-
-def encoder_state(ckpt, path):
-    """The encoder's weights of a checkpoint of any of the three scripts (``encoder.`` keys)."""
-    state = {k[len('encoder.'):]: v for k, v in clean_state_dict(ckpt['model']).items() if k.startswith('encoder.')}
-    if not state:
-        raise UserError(f'{path} holds no encoder weights (no "encoder." keys): is it a stage-1 or main_ce.py '
-                        'checkpoint?')
-    return state
 
 
 def torchvision_keys(state):
@@ -92,18 +83,7 @@ def export(ckpt_path, out):
         raise UserError(f'{ckpt_path} does not say which encoder it holds (its configuration has no model): '
                         'export checkpoints of this project')
     stem, size, model_args = config.get('stem') or 'cifar', config.get('size') or 32, config.get('model_args') or ''
-    state = encoder_state(ckpt, ckpt_path)
-    try:
-        encoder, dim = build_encoder(model, stem=stem, size=size, model_args=model_args)
-    except Exception as e:             # a timm model or argument this timm does not have
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise UserError(f'{ckpt_path} holds a {model} encoder'
-                        + (f' with --model_args {model_args}' if model_args else '')
-                        + f' that cannot be built here ({reason})') from None
-    try:
-        encoder.load_state_dict(state)
-    except RuntimeError:
-        raise UserError(f'{ckpt_path}\'s encoder weights do not match a {model} encoder') from None
+    encoder, dim, state = saved_encoder(ckpt, model, ckpt_path)
     if model in MODELS:
         state = torchvision_keys(state)
     state = {k: v.detach().contiguous() for k, v in state.items()}

@@ -121,7 +121,7 @@ class LinearProbe:
             for p in encoder.parameters():
                 p.requires_grad_(True)
             self.model = EncoderClassifier(encoder, self.classifier)
-            self.scaled = [(encoder.parameters(), opt.encoder_lr / opt.learning_rate)]
+            self.scaled = [(list(encoder.parameters()), opt.encoder_lr / opt.learning_rate)]
         else:
             self.model, self.scaled = self.classifier, []
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN)    # itself in one process

@@ -42,26 +42,21 @@ def config_path(argv):
     return paths[0]
 
 
-class _UniqueKeyLoader:
-    """``yaml.SafeLoader`` that refuses a key repeated in one mapping (PyYAML keeps the last one silently)."""
+def load_yaml(text):
+    """The YAML document ``text`` (``yaml.safe_load``), but a key repeated in one mapping is a :class:`UserError`
+    naming it and its line (PyYAML keeps the last one silently). Recipes and sweep files are read with it."""
+    import yaml
 
-    @staticmethod
-    def make():
-        import yaml
-
-        class Loader(yaml.SafeLoader):
-            pass
-
-        def mapping(loader, node, deep=False):
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
-                key = loader.construct_object(key_node, deep=deep)
+                key = self.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise UserError(f'the key {key} is repeated (line {key_node.start_mark.line + 1})')
                 seen.add(key)
-            return loader.construct_mapping(node, deep)
-        Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-        return Loader
+            return super().construct_mapping(node, deep)
+    return yaml.load(text, Loader=UniqueKeys)
 
 
 def _unique_json_object(pairs):
@@ -88,8 +83,7 @@ def read_config(path):
         if path.endswith('.json'):
             data = json.loads(text, object_pairs_hook=_unique_json_object)
         else:
-            import yaml
-            data = yaml.load(text, Loader=_UniqueKeyLoader.make())
+            data = load_yaml(text)
     except UserError as e:
         raise UserError(f'--config {path}: {e}') from None
     except Exception as e:             # unreadable, not JSON, not YAML

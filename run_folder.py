@@ -14,15 +14,15 @@ from flags import UserError
 RUN = {'folder': None, 'lock': None}
 
 
-def hold_run_folder(folder):
-    """Take the exclusive lock of ``folder`` (``flock`` on ``<folder>/.lock``, released by the system when the
-    process ends, however it ends, or when :func:`run_cli` returns) and write who holds it there. Returns ``None``,
-    or, without waiting, why the folder cannot be had: its holder's pid, host, start time and command line."""
+def lock_folder(folder):
+    """``(file, None)``: this process now holds ``<folder>/.lock`` (an exclusive ``flock``, released by the system
+    when the process ends, however it ends, or when the file is closed), with its pid, host, start time and command
+    line written into it; or ``(None, holder)`` without waiting, ``holder`` being what the file says of the process
+    that holds it. ``(None, None)`` where the system has no ``flock`` (nothing is locked there)."""
     try:
         import fcntl
-    except ImportError:       # no flock on this system: folders are not locked
-        return None
-    release_run_folder()       # one folder per process (and flock would refuse a second open of the same file)
+    except ImportError:
+        return None, None
     f = open(os.path.join(folder, '.lock'), 'a+')
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -30,13 +30,33 @@ def hold_run_folder(folder):
         f.seek(0)
         holder = f.read().strip() or 'another process'
         f.close()
-        return (f'{folder} is in use by {holder}: wait for it to finish, or start this run with a new --trial or '
-                f'--save_folder')
+        return None, holder
     f.seek(0)
     f.truncate()
     f.write(f'pid {os.getpid()} on {socket.gethostname()} since {time.strftime("%Y-%m-%d %H:%M:%S")} '
             f'({" ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300]})\n')
     f.flush()
+    return f, None
+
+
+def is_held(folder):
+    """Whether a process holds ``<folder>/.lock`` now (:func:`lock_folder`), looked at without taking it for long."""
+    if not os.path.isfile(os.path.join(folder, '.lock')):
+        return False
+    f, holder = lock_folder(folder)
+    if f is not None:
+        f.close()
+    return holder is not None
+
+
+def hold_run_folder(folder):
+    """Take the lock of the run folder ``folder`` for this run (:func:`lock_folder`). Returns ``None``, or, without
+    waiting, why the folder cannot be had: its holder's pid, host, start time and command line."""
+    release_run_folder()       # one folder per process (and flock would refuse a second open of the same file)
+    f, holder = lock_folder(folder)
+    if holder is not None:
+        return (f'{folder} is in use by {holder}: wait for it to finish, or start this run with a new --trial or '
+                f'--save_folder')
     RUN['lock'] = f
     return None
 

@@ -24,7 +24,9 @@ import compare
 import sweep_plan
 import sweep_run
 from cli import error_line
+from engine import clock
 from flags import Parser, UserError
+from run_folder import lock_folder
 from sweep_plan import STAGE1
 
 
@@ -136,12 +138,6 @@ def shown(path):
     """A path as a user reads it: relative to here when below here, else absolute."""
     rel = os.path.relpath(path)
     return path if rel.startswith('..') else rel
-
-
-def clock(seconds):
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f'{hours}:{minutes:02d}:{secs:02d}'
 
 
 class Progress:
@@ -345,21 +341,12 @@ def figure(panels, metric, path, title):
 
 # ---------------------------------------------------------------- the command
 def hold(folder):
-    """The sweep folder's lock for this process (one sweep call at a time runs a sweep); a :class:`UserError` naming
-    the holder otherwise."""
-    import fcntl
+    """The sweep folder's lock for this process (one sweep call at a time runs a sweep; run_folder.lock_folder); a
+    :class:`UserError` naming the holder otherwise."""
     os.makedirs(folder, exist_ok=True)
-    f = open(os.path.join(folder, '.lock'), 'a+')
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        raise UserError(f'{folder} is in use by {f.read().strip() or "another sweep.py"}: wait for it, or look with '
-                        '--status') from None
-    f.seek(0)
-    f.truncate()
-    f.write(f'pid {os.getpid()} since {time.strftime("%Y-%m-%d %H:%M:%S")}\n')
-    f.flush()
+    f, holder = lock_folder(folder)
+    if holder is not None:
+        raise UserError(f'{folder} is in use by {holder}: wait for it, or look with --status')
     return f
 
 
@@ -474,7 +461,8 @@ def main(argv=None):
         progress.close()
     now = states(sweep, cells)
     written = write_results(sweep, cells, now)
-    lock.close()
+    if lock is not None:
+        lock.close()
     failed = [k for k, s in now.items() if s == 'failed']
     left = [k for k, s in now.items() if s not in ('done', 'failed')]
     for cell_name, stage_name in failed:

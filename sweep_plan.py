@@ -22,7 +22,7 @@ from typing import Optional
 from engine import RUN_IDENTITY, config_dict, resume_conflicts
 from flags import UserError, nearest_flags
 from options import build_parser, parse_option
-from recipe import tokens
+from recipe import load_yaml, tokens
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = {'main_supcon.py': 'supcon', 'main_ce.py': 'ce', 'main_linear.py': 'linear'}
@@ -149,13 +149,10 @@ def read(path, save_folder=None):
     anything it cannot run."""
     if not os.path.isfile(path):
         raise SweepError(f'{path} not found' if not os.path.isdir(path) else f'{path} is a folder: give a sweep file')
-    import yaml
-
-    from recipe import _UniqueKeyLoader
     try:
         with open(path) as f:
             text = f.read()
-        data = yaml.load(text, Loader=_UniqueKeyLoader.make())
+        data = load_yaml(text)
     except UserError as e:
         raise SweepError(f'{path}: {e}') from None
     except Exception as e:

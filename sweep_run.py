@@ -16,12 +16,15 @@ Two launchers:
 The record never depends on SLURM's accounting (``sacct``): a job writes its cell's record itself, and a job that is
 gone from ``squeue`` without a record of its end is reported as failed, with its log.
 """
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+from run_folder import is_held
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 RECORD = 'cell.json'
@@ -66,25 +69,18 @@ def state(stage, record):
 
 
 def held(stage):
-    """Whether a process holds the stage's run folder now (the run's ``.lock``, run_folder.hold_run_folder)."""
+    """Whether a process holds the stage's run folder now (its run's lock, run_folder.lock_folder)."""
     run = stage.run()
-    if not isinstance(run, str) or not os.path.isfile(os.path.join(run, '.lock')):
-        return False
-    import fcntl
-    with open(os.path.join(run, '.lock'), 'a+') as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-    return False
+    return isinstance(run, str) and is_held(run)
 
 
 def last_line(log):
-    """The last line of a log that says something (an error's one line, the interrupt's line)."""
+    """The last line of a log that says something (an error's one line, the interrupt's line); not our own line
+    before an attempt."""
     try:
         with open(log, errors='replace') as f:
-            lines = [line.strip() for line in f.read().splitlines()[-200:] if line.strip()]
+            lines = [line.strip() for line in f.read().splitlines()[-200:]
+                     if line.strip() and not line.startswith(ATTEMPT)]
     except OSError:
         return ''
     return lines[-1][:300] if lines else ''
@@ -112,20 +108,25 @@ def _die_with_parent():
         pass
 
 
-def start_stage(cell, stage, env, log_name=None):
-    """Start ``stage`` of ``cell`` (its folders exist after this); returns ``(process, log path, start time)``."""
+ATTEMPT = '=== attempt'      # the line a log gets before each attempt of its stage
+
+
+def start_stage(cell, stage, env, rank=0):
+    """Start ``stage`` of ``cell`` (its folders exist after this); returns ``(process, log path, start time)``. The
+    record is rank 0's: another process of a distributed run (``rank``) writes its own log only."""
     os.makedirs(stage.save_folder, exist_ok=True)
-    log = os.path.join(cell.folder, log_name or f'{stage.name}.log')
+    log = os.path.join(cell.folder, f'{stage.name}.log' if rank == 0 else f'{stage.name}.rank{rank}.log')
     command = stage.command()
     attempts = read_record(cell.folder).get(stage.name, {}).get('attempts', 0) + 1
     with open(log, 'a') as f:
-        f.write(f'\n=== attempt {attempts}, {time.strftime("%Y-%m-%d %H:%M:%S")}: python {" ".join(command)}\n')
+        f.write(f'\n{ATTEMPT} {attempts}, {time.strftime("%Y-%m-%d %H:%M:%S")}: python {" ".join(command)}\n')
         f.flush()
         proc = subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=_die_with_parent)
-    write_record(cell.folder, stage.name, state='running', attempts=attempts, command=['python', *command],
-                 log=log, started=time.time(), **({'slurm_job': os.environ['SLURM_JOB_ID']}
-                                                  if 'SLURM_JOB_ID' in os.environ else {}))
+    if rank == 0:
+        write_record(cell.folder, stage.name, state='running', attempts=attempts, command=['python', *command],
+                     log=log, started=time.time(), **({'slurm_job': os.environ['SLURM_JOB_ID']}
+                                                      if 'SLURM_JOB_ID' in os.environ else {}))
     return proc, log, time.time()
 
 
@@ -164,13 +165,14 @@ class Stop(Exception):
 
 def run_local(tasks, jobs, on_event):
     """Run ``tasks`` (``[(cell, [stage, ...])]``: the stages of each cell still to run, stage 1 first) ``jobs`` at a
-    time. ``on_event(kind, cell, stage, **info)`` is told of each start and end. Returns ``{(cell name, stage name):
-    state}``; raises :class:`Stop` after stopping the running stages when a signal came."""
+    time. ``on_event(kind, cell, stage, **info)`` is told of each start and end; a cell's evaluations start when its
+    stage 1 is done, and are left when it is not. Raises :class:`Stop` after stopping the running stages when a
+    signal came."""
     gpus = visible_gpus()
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ready = [(cell, stages[0]) for cell, stages in tasks]
     waiting = {cell.name: stages[1:] for cell, stages in tasks}
-    running, outcomes, free = {}, {}, list(range(jobs))
+    running, free = {}, list(range(jobs))
 
     def stop(signum, frame):
         raise Stop(signum)
@@ -191,18 +193,16 @@ def run_local(tasks, jobs, on_event):
                 cell, stage, log, started, slot = running.pop(proc)
                 free.append(slot)
                 outcome = finish_stage(cell, stage, proc.returncode, log, started)
-                outcomes[(cell.name, stage.name)] = outcome
                 on_event(outcome, cell, stage, seconds=time.time() - started, line=last_line(log))
-                if outcome == 'done' and stage.reads is None:       # its evaluations may start, before other cells
-                    ready[:0] = [(cell, s) for s in waiting.pop(cell.name, [])]
-                elif stage.reads is None:
-                    for s in waiting.pop(cell.name, []):
-                        outcomes[(cell.name, s.name)] = 'blocked'
+                if stage.reads is None:       # stage 1: its evaluations start now, before other cells, if it is done
+                    evaluations = waiting.pop(cell.name, [])
+                    if outcome == 'done':
+                        ready[:0] = [(cell, s) for s in evaluations]
     except Stop as e:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for proc in running:
-            with _quiet():
+            with contextlib.suppress(OSError):          # one that has just ended
                 proc.send_signal(signal.SIGTERM)
         deadline = time.time() + 120
         for proc, (cell, stage, log, started, _) in running.items():
@@ -217,15 +217,6 @@ def run_local(tasks, jobs, on_event):
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return outcomes
-
-
-class _quiet:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return exc[0] is not None and issubclass(exc[0], OSError)
 
 
 # ---------------------------------------------------------------- the SLURM launcher (submitit)
@@ -260,15 +251,7 @@ class CellJob:
                 continue
             if stage.reads is not None:
                 stage.stage1_run = cell.stage(stage.reads).run()
-            if rank == 0:
-                proc, log, started = start_stage(cell, stage, stage_env(self.threads, extra=env))
-            else:       # the other tasks of a distributed run: their own log, rank 0 keeps the record
-                log = os.path.join(cell.folder, f'{stage.name}.rank{rank}.log')
-                os.makedirs(stage.save_folder, exist_ok=True)
-                with open(log, 'a') as f:
-                    proc = subprocess.Popen([sys.executable, *stage.command()], cwd=ROOT, stdout=f,
-                                            stderr=subprocess.STDOUT, env=stage_env(self.threads, extra=env),
-                                            preexec_fn=_die_with_parent)
+            proc, log, started = start_stage(cell, stage, stage_env(self.threads, extra=env), rank)
             code = proc.wait()
             if rank != 0:
                 continue
