@@ -17,14 +17,14 @@ import os
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint, load_encoder, run_checkpoint
-from cli import run_cli
+from config.cli import run_cli
+from core.flags import Parser, UserError
 from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels, dataset_info
-from flags import Parser, UserError
-from knn import extract_features
-from monitors import rankme
-from run_folder import writable_folder
-from runtime import Runtime, resolve_device
+from evaluation.knn import extract_features
+from training.checkpoint import load_checkpoint, load_encoder, run_checkpoint
+from training.monitors import rankme
+from training.run_folder import writable_folder
+from training.runtime import Runtime, resolve_device
 
 
 def kappa_hat(features, labels):

@@ -22,13 +22,13 @@ import subprocess
 
 import torch
 
-from checkpoint import current_umask, load_checkpoint, run_checkpoint, saved_encoder
-from cli import run_cli
+from config.cli import run_cli
+from core.flags import Parser, UserError
 from data import DATASETS, mean_std
-from flags import Parser, UserError
 from networks import MODELS, parse_model_args
-from run_folder import writable_folder
-from run_log import read_metrics
+from training.checkpoint import current_umask, load_checkpoint, run_checkpoint, saved_encoder
+from training.run_folder import writable_folder
+from training.run_log import read_metrics
 
 TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name
 CIFAR_STEM = 'model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()'

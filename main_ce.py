@@ -4,7 +4,9 @@ and ECE (of the plain logits).
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
-from cli import run_cli
+from config.cli import run_cli
+from config.options import parse_option
+from core.flags import call_hook
 from data import (
     TwoCropTransform,
     announce_label_fraction,
@@ -16,12 +18,10 @@ from data import (
     long_tail_class_counts,
     save_label_noise,
 )
-from engine import fit, setup, write_results
-from flags import call_hook
-from loop import Optimization
-from options import parse_option
-from schedule import Schedule, optimizer_for
-from steps import CETraining
+from engine.run import fit, setup, write_results
+from training.loop import Optimization
+from training.schedule import Schedule, optimizer_for
+from training.steps import CETraining
 
 
 def main(argv=None):

@@ -15,8 +15,10 @@ import sys
 import numpy as np
 import torch
 
-from checkpoint import load_encoder
-from cli import run_cli
+from config.cli import run_cli
+from config.options import parse_option
+from config.resume import config_dict
+from core.flags import UserError, call_hook
 from data import (
     announce_label_fraction,
     build_dataset,
@@ -29,17 +31,16 @@ from data import (
     save_label_noise,
     split_train_val,
 )
-from distributed import is_main
-from engine import config_dict, fit, setup, write_results
-from flags import UserError, call_hook
-from knn import extract_features, knn_predict
-from loop import Optimization
-from monitors import probe_divergence
-from options import parse_option
-from probes import LinearProbe, few_shot_indices, linear_probe, within_superclass_accuracy
-from run_log import read_metrics
-from runtime import Runtime
-from schedule import Schedule, optimizer_for
+from engine.run import fit, setup, write_results
+from evaluation.knn import extract_features, knn_predict
+from evaluation.probes import LinearProbe, few_shot_indices, linear_probe, within_superclass_accuracy
+from training.checkpoint import load_encoder
+from training.distributed import is_main
+from training.loop import Optimization
+from training.monitors import probe_divergence
+from training.run_log import read_metrics
+from training.runtime import Runtime
+from training.schedule import Schedule, optimizer_for
 from util import progress
 
 

@@ -5,17 +5,17 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
     python main_supcon.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.2 --temp 0.1 --cosine
     python main_supcon.py --method RASCAL --rascal_weighting agreement ...
 """
-from cli import run_cli
+from config.cli import run_cli
+from config.options import parse_option
+from core.flags import call_hook
 from data import build_dataset, build_loader, class_counts, contrastive_views, save_label_noise
 from datasets_indexed import IndexedDataset
-from engine import fit, setup
-from flags import call_hook
-from knn import knn_monitor
-from loop import Optimization
+from engine.run import fit, setup
+from evaluation.knn import knn_monitor
 from methods import get_method
-from options import parse_option
-from schedule import Schedule, optimizer_for
-from steps import Pretraining
+from training.loop import Optimization
+from training.schedule import Schedule, optimizer_for
+from training.steps import Pretraining
 
 
 def main(argv=None):

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from flags import UserError, call_hook, check
+from core.flags import UserError, call_hook, check
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_field import EpsSupInfoNCELoss, KCLLoss, SINCERELoss, SpreadLoss, SupDCLLoss
 from losses_proto import BCLLoss, PaCoLoss, TSCLoss
@@ -94,6 +94,18 @@ def method_flags():
         for flag, kwargs in method.flags.items():
             out.setdefault(flag, (kwargs, []))[1].append(method.name)
     return out
+
+
+def add_method_flags(group):
+    """``--method`` and every method's own flags on ``group`` (a group of main_supcon.py's parser). A method's flag
+    has no default on the parser: :func:`apply_method_flags` fills the chosen method's, and ``--help`` shows it."""
+    group.add_argument('--method', choices=list(METHODS), default='SupCon',
+                       help='; '.join(f'{m.name}: {m.help}' for m in METHODS.values() if m.help))
+    for flag, (kwargs, owners) in method_flags().items():
+        default = kwargs.get('default')
+        text = kwargs.get('help', '')
+        note = f' (default: {default})' if default is not None and '(default' not in text else ''
+        group.add_argument(flag, **{**kwargs, 'default': None, 'help': f'({"/".join(owners)}) {text}{note}'})
 
 
 def apply_method_flags(opt):

@@ -27,16 +27,16 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from augment import BatchAugment  # noqa: E402
 from data import TwoCropTransform  # noqa: E402
-from runtime import keep_freed_memory  # noqa: E402
+from data.augment import BatchAugment  # noqa: E402
+from training.runtime import keep_freed_memory  # noqa: E402
 
 CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
 
 
 def pil_transform():
+    from config.options import parse_option
     from data import build_transform
-    from options import parse_option
     return TwoCropTransform(build_transform(parse_option('supcon', ['--dataset', 'cifar10', '--size', '32']),
                                             'contrastive'))
 

@@ -26,10 +26,10 @@ def worker(args):
     sys.path.insert(0, ROOT)
     import torch
 
-    from engine import setup
-    from options import parse_option
-    from schedule import set_optimizer
-    from steps import Pretraining
+    from config.options import parse_option
+    from engine.run import setup
+    from training.schedule import set_optimizer
+    from training.steps import Pretraining
     opt = setup(parse_option('supcon', ['--batch_size', str(args.batch), '--chunk_size', str(args.chunk),
                                         '--model', args.model, '--size', str(args.size), '--device', args.device]),
                 run_folder=False)

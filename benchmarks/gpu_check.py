@@ -282,7 +282,7 @@ def run_folder(save):
 
 
 def epoch_times(folder):
-    from run_log import read_metrics
+    from training.run_log import read_metrics
     return [float(r['train/epoch_time']) for r in read_metrics(folder) if r.get('train/epoch_time')]
 
 
@@ -570,7 +570,7 @@ def write_report(out, results, meta):
 
 def main(argv=None):
     sys.path.insert(0, ROOT)
-    from flags import Parser  # one-line errors, full flag names only
+    from core.flags import Parser  # one-line errors, full flag names only
     parser = Parser(prog='gpu_check.sh', description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--dry-run', action='store_true', help='tiny sizes, any device (the suite runs this)')
     parser.add_argument('--sections', default='1-7', help='which sections, e.g. 1-3,5 (1 always runs)')

@@ -33,16 +33,16 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.supcontrast_losses import SupConLoss as OriginalSupConLoss  # noqa: E402
+from config.options import parse_option  # noqa: E402
+from core.flags import call_hook  # noqa: E402
 from data import TwoCropTransform, build_loader, build_transform  # noqa: E402
 from datasets_indexed import IndexedDataset  # noqa: E402
-from engine import setup  # noqa: E402
-from flags import call_hook  # noqa: E402
-from loop import Optimization, train_loop  # noqa: E402
+from engine.run import setup  # noqa: E402
 from networks import SupConResNet  # noqa: E402
-from options import parse_option  # noqa: E402
-from runtime import Runtime  # noqa: E402
-from schedule import Schedule, set_optimizer  # noqa: E402
-from steps import Pretraining  # noqa: E402
+from training.loop import Optimization, train_loop  # noqa: E402
+from training.runtime import Runtime  # noqa: E402
+from training.schedule import Schedule, set_optimizer  # noqa: E402
+from training.steps import Pretraining  # noqa: E402
 
 
 class SyntheticCIFAR(torch.utils.data.Dataset):

@@ -7,13 +7,13 @@ Two counters, one harness:
 - :class:`CudaSyncCounter`: on CUDA, ``torch.cuda.set_sync_debug_mode('warn')`` makes every synchronizing CUDA
   operation warn; each warning is counted under the innermost line of this repository that made it (file, line,
   function and the code), so a report names the operation.
-- ``tests/sync_count.SyncCounter``: on a CPU, the operations whose CUDA form would wait (``tests/test_sync.py``
+- ``tests/sync_count.SyncCounter``: on a CPU, the operations whose CUDA form would wait (``tests/training/test_sync.py``
   asserts its counts; ``benchmarks/gpu_check.py --dry-run`` runs this harness with it).
 
     python benchmarks/loop_syncs.py [--device cuda] [--iterations 8]     # every mode of MODES, a table
 
 Expected on either: from the third iteration on, exactly one wait per iteration, the loop's one read of the
-previous step's values (``engine.py``'s ``values.tolist()``).
+previous step's values (``engine/run.py``'s ``values.tolist()``).
 """
 import argparse
 import contextlib
@@ -124,7 +124,7 @@ def iteration_counts(script, argv, counter, iterations=6):
     ``counter`` (entered here); returns the waits of each iteration, ``[{where: count}]`` (``iterations`` dicts:
     iteration ``i`` counts from its batch being handed out to the next one's, so a step's waits and the next
     batch's loading fall in one)."""
-    import loop
+    from training import loop
     records = []
     real_progress = loop.progress
 

@@ -31,7 +31,7 @@ def dense_forms():
     import torch
 
     import losses
-    import memory_queue
+    from training import memory_queue
 
     def queue_positive_sums(labels, queue, q_feat):
         same = ((labels.reshape(-1, 1) == queue.label[None, :]) & queue.valid[None, :]).to(q_feat.dtype)   # [B, K]
@@ -66,9 +66,9 @@ def worker(args):
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.mode == 'dense':
         dense_forms()
-    from engine import setup
-    from options import parse_option
-    from steps import Pretraining
+    from config.options import parse_option
+    from engine.run import setup
+    from training.steps import Pretraining
     opt = setup(parse_option('supcon', ['--batch_size', str(args.batch), '--queue_size', str(args.queue),
                                         '--moco_m', '0.99', '--model', args.model, '--size', str(args.size),
                                         '--device', args.device]), run_folder=False)

@@ -14,10 +14,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.timing import time_interleaved  # noqa: E402
-from engine import setup  # noqa: E402
-from options import parse_option  # noqa: E402
-from schedule import set_optimizer  # noqa: E402
-from steps import Pretraining  # noqa: E402
+from config.options import parse_option  # noqa: E402
+from engine.run import setup  # noqa: E402
+from training.schedule import set_optimizer  # noqa: E402
+from training.steps import Pretraining  # noqa: E402
 
 
 def main():

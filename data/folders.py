@@ -10,9 +10,9 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
-from distributed import barrier, is_main
-from flags import UserError
-from run_folder import writable_folder
+from core.flags import UserError
+from training.distributed import barrier, is_main
+from training.run_folder import writable_folder
 from util import progress
 
 

@@ -8,8 +8,8 @@ import os
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
-from distributed import is_main
-from flags import Feature, UserError, check
+from core.flags import Feature, UserError, check
+from training.distributed import is_main
 
 from .sources import coarse_labels, dataset_info
 
@@ -157,7 +157,7 @@ def split_train_val(targets, val_fraction, seed):
     return np.sort(train_idx).tolist(), np.sort(val_idx).tolist()
 
 
-# ---------------------------------------------------------------- the data features' flags (flags.py)
+# ---------------------------------------------------------------- the data features' flags (core/flags.py)
 def _check_labels(label_granularity, eval_labels, dataset):
     if 'coarse' in (label_granularity, eval_labels):
         coarse_labels(dataset)    # a one-line error for datasets without superclasses

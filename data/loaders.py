@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from augment import DeviceLoader
+from core.flags import Feature, UserError, check
+from data.augment import DeviceLoader
 from datasets_indexed import IndexedDataset
-from flags import Feature, UserError, check
 
 from .folders import CachedImages, cached_images
 from .labels import Relabeled, coarse_labels, labelled_fraction, long_tail_indices, noisy_labels

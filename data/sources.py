@@ -19,8 +19,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets
 
-from distributed import barrier, is_main
-from flags import UserError
+from core.flags import UserError
+from training.distributed import barrier, is_main
 
 from .folders import TinyImageNetVal, _class_folders, _image_folder
 

@@ -1,12 +1,12 @@
 """The views of an image: SupContrast's augmentations (``build_transform``), two or more views per sample
 (``TwoCropTransform``), multi-crop's small views (``--num_small_crops``) and RandAugment (``--randaugment``),
-with their flags (``flags.Feature``). ``--augment device`` batches the same pipeline (``augment.py``).
+with their flags (``flags.Feature``). ``--augment device`` batches the same pipeline (``data/augment.py``).
 """
 import argparse
 
 from torchvision import transforms
 
-from flags import Feature, check
+from core.flags import Feature, check
 from networks import timm_problem, timm_sizes
 
 from .sources import dataset_info, mean_std

@@ -6,6 +6,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+# The test folders mirror the packages (tests/training/ tests training/); a test that shares another's cases imports
+# it by its module name (``from test_steps import CASES``) from any folder, so every test folder is on the path, after
+# the repository (whose packages ``data``, ``training``, ... are never shadowed by the folders of the same name).
+TESTS = os.path.dirname(os.path.abspath(__file__))
+for folder in sorted(os.listdir(TESTS)):
+    if os.path.isdir(os.path.join(TESTS, folder)) and not folder.startswith(('.', '_')):
+        sys.path.append(os.path.join(TESTS, folder))
 
 import torch  # noqa: E402
 
@@ -41,7 +48,7 @@ def coarse_rascal_run(tmp_path_factory):
 
 
 # Digits runs that several end-to-end tests read (each trains once per session, on first use):
-# name -> (script, flags). Every one is 2 epochs; tests/test_resume.py checks that 1 epoch + --resume
+# name -> (script, flags). Every one is 2 epochs; tests/engine/test_resume.py checks that 1 epoch + --resume
 # reaches each of them bit for bit, and other tests read their metrics, checkpoints and outputs.
 # 24 does not divide 64
 # half precision on a CPU without native support runs 25-50x slower: those runs train on a smaller set (about 350

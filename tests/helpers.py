@@ -165,7 +165,7 @@ def make_options(script='supcon', **flags):
     ``make_options(dataset='digits', size=8, label_noise=0.2)`` is ``--dataset digits --size 8 --label_noise 0.2``
     (``True``: the flag alone; ``None`` or ``False``: left out). The suite never builds options by hand, so a new
     flag cannot break a test (``tests/test_layering.py`` pins it)."""
-    from options import parse_option
+    from config.options import parse_option
     argv = []
     for name, value in flags.items():
         if value is None or value is False:
@@ -234,7 +234,7 @@ def only_run_folder(root):
 
 
 def read_metrics(folder):
-    from run_log import read_metrics as rows
+    from training.run_log import read_metrics as rows
     assert os.path.isfile(os.path.join(folder, 'metrics.csv')), folder
     return rows(folder)
 
@@ -311,7 +311,7 @@ def loss_case(name, seed=0, d=6):
 
 def loss_queue(k=9, d=6, n_classes=3, seed=0):
     """A ``memory_queue.QueueView`` of ``k`` unit keys with labels in ``[0, n_classes)``, about 70 % valid."""
-    from memory_queue import QueueView
+    from training.memory_queue import QueueView
     g = torch.Generator().manual_seed(seed)
     valid = torch.rand(k, generator=g) < 0.7
     return QueueView(unit(k, d, seed=seed + 7), torch.randint(0, n_classes, (k,), generator=g), torch.arange(k), valid)
@@ -350,10 +350,10 @@ def build_training(argv, ce=False, chunk=0, train=False, dropout=False, device='
     ``argv`` (``--model``, ``--model_args``, ...) instead of ``resnet_tiny``."""
     import torch.nn as nn
 
-    from engine import setup
+    from config.options import parse_option
+    from engine.run import setup
     from networks import SupCEResNet, SupConResNet
-    from options import parse_option
-    from steps import CETraining, Pretraining
+    from training.steps import CETraining, Pretraining
     opt = setup(parse_option('ce' if ce else 'supcon', [*argv, '--batch_size', str(STEP_BSZ), '--device', device,
                                                         '--chunk_size', str(chunk)]), run_folder=False)
     if same_init:

@@ -202,8 +202,8 @@ class SyncCounter(TorchDispatchMode):
 def accelerator_forms():
     """The forms the code takes on an accelerator where a CPU form differs, for the block: CARROT's quantile
     selection (``sync_free=True``) and the batched augmentation in one pass with every operation on every row."""
-    import augment
     import losses_carrot
+    from data import augment
     real_quantiles, real_apply = losses_carrot.pair_quantiles, augment.BatchAugment.apply
     losses_carrot.pair_quantiles = functools.partial(real_quantiles, sync_free=True)
     augment.BatchAugment.apply = lambda self, images, params: (

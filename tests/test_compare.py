@@ -16,7 +16,7 @@ def test_compare_table(tmp_path, capsys):
     assert '| A | 3 | 92.00 ± 2.00 | 0.0500 ± 0.0000 |' in text
     assert '| B | 1 | 80.00 | 0.0500 |' in text
     assert (tmp_path / 't.md').read_text().strip() == text.strip()
-    from flags import UserError
+    from core.flags import UserError
     with pytest.raises(UserError, match='no results.json'):
         compare.main([f'C={tmp_path}/none'])
 
@@ -62,7 +62,7 @@ def test_paired_interval_against_a_hand_computation(tmp_path, capsys):
                                               [{'final_test_acc': v, 'config': {'seed': s}} for s, v in base.items()],
                                               'final_test_acc')
     assert n == 3 and mean == pytest.approx(2.0) and half == pytest.approx(4.302653 / 3 ** 0.5, rel=1e-6)
-    from flags import UserError
+    from core.flags import UserError
     with pytest.raises(UserError, match='is not one of the rows'):
         compare.main([f'base={tmp_path}/base', '--baseline', 'nope'])
 

@@ -132,7 +132,7 @@ def test_a_deterministic_step_repeats_bit_for_bit_on_cuda(argv):
                                   ['--amp', 'bf16'], *FIELD])
 @pytest.mark.parametrize('chunk', [0, 6])
 def test_training_step_has_no_host_synchronization(argv, chunk):
-    """The same step as tests/test_sync.py counts on a CPU, here under CUDA's sync debug mode: it raises at the
+    """The same step as tests/training/test_sync.py counts on a CPU, here under CUDA's sync debug mode: it raises at the
     first synchronization (after two warm-up steps that fill RASCAL's cache and the queue's host copy)."""
     views, labels, ids = step_batch()
     training = build_training(argv, chunk=chunk, device='cuda', train=True)

@@ -13,57 +13,79 @@ ROOT = pathlib.Path(helpers.ROOT)
 MAX_OPT_FUNCTIONS = 25
 
 
+# What the root holds: the scripts and SupContrast's files, the loss files and the registry, the user's commands
+ROOT_FILES = {'main_supcon', 'main_ce', 'main_linear', 'losses', 'losses_rascal', 'losses_carrot', 'datasets_indexed',
+              'util', 'methods', 'sweep', 'compare', 'analyze', 'export'}
+MAX_ROOT_FILES = 16
+MAX_LINES = 500
+MAX_LINES_OF = {'config/options.py': 250}
+
+
 def stated_layers():
-    """``[[module, ...], ...]``: the layers listed in docs/DEVELOPING.md, earliest first."""
+    """``[[unit, ...], ...]``: the layers listed in docs/DEVELOPING.md, earliest first; a unit is a file at the root
+    or a package folder."""
     text = (ROOT / 'docs' / 'DEVELOPING.md').read_text()
     block = re.search(r'<!-- layers:.*?-->\n(.*?)<!-- /layers -->', text, re.S).group(1)
-    return [[m.strip() for m in line.split('.', 1)[1].split(',')] for line in block.strip().splitlines()]
+    return [[m.strip().strip('`').rstrip('/') for m in line.split('.', 1)[1].split(',')]
+            for line in block.strip().splitlines()]
 
 
-def project_modules():
-    """``{module name: [source files]}``: the top-level modules and the packages (``networks``, ``data``)."""
-    modules = {p.stem: [p] for p in ROOT.glob('*.py')}
-    for package in ROOT.glob('*/__init__.py'):
-        if package.parent.name not in ('tests', 'benchmarks'):
-            modules[package.parent.name] = sorted(package.parent.glob('*.py'))
+def project_modules(root=ROOT):
+    """``{module: source file}``: the files at the root (``losses``) and the modules of the package folders
+    (``training.steps``; a package's ``__init__.py`` is the package's own name, ``data``)."""
+    modules = {p.stem: p for p in root.glob('*.py')}
+    for init in root.glob('*/__init__.py'):
+        package = init.parent.name
+        if package not in ('tests', 'benchmarks'):
+            for p in sorted(init.parent.glob('*.py')):
+                modules[package if p.stem == '__init__' else f'{package}.{p.stem}'] = p
     return modules
 
 
-def imports_of(source, known):
-    """``{(imported module, line, 'top' | 'inside')}``: the imports of project modules in ``source``, at the top
-    of the file or anywhere below it (in a function, a class, a conditional)."""
+def unit_of(module):
+    return module.split('.')[0]
+
+
+def imports_of(source, module, known):
+    """``{(imported module, line, 'top' | 'inside')}``: the imports of project modules in ``source`` (the text of
+    ``module``), at the top of the file or anywhere below it (in a function, a class, a conditional). ``from
+    training import steps`` is ``training.steps``; a relative import is resolved in ``module``'s package."""
     tree = ast.parse(source)
     top = {id(node) for node in tree.body}
+    package = module if known[module].name == '__init__.py' else module.rpartition('.')[0]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                base = f'{package}.{base}' if base else package
+            names = [f'{base}.{a.name}' if f'{base}.{a.name}' in known else base for a in node.names]
         else:
             continue
         for name in names:
-            root = name.split('.')[0]
-            if root in known:
-                found.add((root, node.lineno, 'top' if id(node) in top else 'inside'))
+            while name and name not in known:
+                name = name.rpartition('.')[0]
+            if name:
+                found.add((name, node.lineno, 'top' if id(node) in top else 'inside'))
     return found
 
 
 def import_graph(modules, sources=None):
-    """``{module: {(imported, line, where)}}``; ``sources`` replaces a module's text (the power checks)."""
+    """``{module: {(imported module, line, where)}}``; ``sources`` replaces a module's text (the power checks)."""
     sources = sources or {}
-    graph = {}
-    for name, files in modules.items():
-        texts = [sources[name]] if name in sources else [f.read_text() for f in files]
-        graph[name] = {edge for text in texts for edge in imports_of(text, modules) if edge[0] != name}
-    return graph
+    return {name: {edge for edge in imports_of(sources.get(name) or path.read_text(), name, modules)
+                   if edge[0] != name} for name, path in modules.items()}
 
 
 def against_the_order(graph, layers):
-    """``['a imports b (line N, inside a function)', ...]``: imports of a module of the same or a later layer."""
-    layer_of = {m: i for i, layer in enumerate(layers) for m in layer}
+    """``['a imports b (line N, inside a function)', ...]``: imports of a module of another unit of the same or a
+    later layer (units: root files and package folders)."""
+    layer_of = {u: i for i, layer in enumerate(layers) for u in layer}
     return sorted(f'{m} imports {dep} (line {line}, {where})' for m, edges in graph.items()
-                  for dep, line, where in edges if layer_of[dep] >= layer_of[m])
+                  for dep, line, where in edges
+                  if unit_of(dep) != unit_of(m) and layer_of[unit_of(dep)] >= layer_of[unit_of(m)])
 
 
 def circles(graph):
@@ -84,40 +106,76 @@ def circles(graph):
     return found
 
 
-def test_every_module_is_placed_in_one_layer():
-    placed = [m for layer in stated_layers() for m in layer]
-    assert len(placed) == len(set(placed)), 'a module is listed twice'
-    assert sorted(placed) == sorted(project_modules()), 'docs/DEVELOPING.md\'s layers and the modules differ'
+def test_every_unit_is_placed_in_one_layer():
+    placed = [u for layer in stated_layers() for u in layer]
+    assert len(placed) == len(set(placed)), 'a unit is listed twice'
+    assert sorted(placed) == sorted({unit_of(m) for m in project_modules()}), \
+        'docs/DEVELOPING.md\'s layers and the root files and package folders differ'
 
 
 def test_no_import_against_the_layering_and_no_circle():
+    """Between units: only down the layers. Inside a package folder: no circle among its modules (a package's
+    ``__init__`` may gather its modules' names)."""
     graph = import_graph(project_modules())
     assert against_the_order(graph, stated_layers()) == []
-    assert circles(graph) == []
+    inner = {m: {e for e in edges if unit_of(e[0]) == unit_of(m) and e[0] != unit_of(m)}
+             for m, edges in graph.items()}
+    assert circles(inner) == []
 
 
 def test_a_doctored_import_is_caught():
-    """Power: an import inside a function that goes back up (``util`` reaching for ``engine``) is a violation
-    and, with engine's own import of util, a circle."""
+    """Power: an import inside a function that goes back up (``util`` reaching for the engine) is a violation and,
+    with the engine's own import chain down to util, a circle; inside a folder, ``training/loop.py`` reaching for
+    ``training.steps`` (which imports the loop) is a circle."""
     modules = project_modules()
-    doctored = (ROOT / 'util.py').read_text() + '\n\ndef late():\n    from engine import fit\n    return fit\n'
+    doctored = (ROOT / 'util.py').read_text() + '\n\ndef late():\n    from engine.run import fit\n    return fit\n'
     graph = import_graph(modules, {'util': doctored})
     bad = against_the_order(graph, stated_layers())
-    assert len(bad) == 1 and bad[0].startswith('util imports engine') and 'inside' in bad[0]
-    assert any(c[0] == c[-1] and {'util', 'engine'} <= set(c) for c in circles(graph))
+    assert len(bad) == 1 and bad[0].startswith('util imports engine.run') and 'inside' in bad[0]
+    assert any(c[0] == c[-1] and {'util', 'engine.run'} <= set(c) for c in circles(graph))
+    loop = (ROOT / 'training' / 'loop.py').read_text() + '\n\ndef late():\n    from training import steps\n'
+    graph = import_graph(modules, {'training.loop': loop})
+    assert against_the_order(graph, stated_layers()) == []
+    inner = {m: {e for e in edges if unit_of(e[0]) == unit_of(m)} for m, edges in graph.items()}
+    assert any({'training.loop', 'training.steps'} <= set(c) for c in circles(inner))
+
+
+def test_the_root_holds_the_design_files_the_loss_files_the_registry_and_the_commands():
+    root = sorted(p.stem for p in ROOT.glob('*.py'))
+    assert len(root) <= MAX_ROOT_FILES, root
+    assert [m for m in root if m not in ROOT_FILES and not m.startswith('losses_')] == [], \
+        'a module at the root that is none of the scripts, loss files, the registry or the commands: give it a folder'
+
+
+def long_files(paths, root=ROOT):
+    """``['file (N lines, at most M)', ...]``: the files of ``paths`` over their length."""
+    out = []
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        n, limit = len(path.read_text().splitlines()), MAX_LINES_OF.get(rel, MAX_LINES)
+        if n > limit:
+            out.append(f'{rel} ({n} lines, at most {limit})')
+    return out
+
+
+def test_no_module_over_its_length(tmp_path):
+    """Every module of the root and the packages stays under 500 lines (config/options.py under 250). Power: a
+    501-line file is caught."""
+    assert long_files(project_modules().values()) == []
+    (tmp_path / 'long.py').write_text('x = 1\n' * 501)
+    assert long_files([tmp_path / 'long.py'], tmp_path) == ['long.py (501 lines, at most 500)']
 
 
 def functions_with_opt(modules, root=ROOT):
     """``['file:line function', ...]``: every function (``def`` or ``lambda``) with a parameter named ``opt``."""
     out = []
-    for files in modules.values():
-        for path in files:
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                    args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
-                    if any(a.arg == 'opt' for a in args):
-                        name = getattr(node, 'name', '<lambda>')
-                        out.append(f'{path.relative_to(root)}:{node.lineno} {name}')
+    for path in modules.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(a.arg == 'opt' for a in args):
+                    name = getattr(node, 'name', '<lambda>')
+                    out.append(f'{path.relative_to(root)}:{node.lineno} {name}')
     return sorted(out)
 
 
@@ -133,7 +191,7 @@ def test_opt_stays_where_configuration_is_decided(capsys):
 def test_the_opt_count_sees_defs_and_lambdas(tmp_path, source, expected):
     """Power: a leaf that takes ``opt`` (a def or a lambda) is counted."""
     (tmp_path / 'leaf.py').write_text(source)
-    assert len(functions_with_opt({'leaf': [tmp_path / 'leaf.py']}, tmp_path)) == expected
+    assert len(functions_with_opt({'leaf': tmp_path / 'leaf.py'}, tmp_path)) == expected
 
 
 def namespaces_built(paths, root=ROOT):
@@ -164,7 +222,8 @@ def test_options_are_made_by_the_parser_only(tmp_path):
     """Options come from ``options.parse_option`` (tests: ``helpers.make_options``), never a namespace
     built by hand, so a new flag can never break a test, a benchmark or analyze.py. Power: a doctored file's two
     namespaces (one under another import name) are caught."""
-    assert namespaces_built([p for p in python_files() if p.relative_to(ROOT) != pathlib.Path('options.py')]) == []
+    options = pathlib.Path('config/options.py')
+    assert namespaces_built([p for p in python_files() if p.relative_to(ROOT) != options]) == []
     doctored = tmp_path / 'doctored.py'
     doctored.write_text('import argparse\nfrom types import SimpleNamespace as NS\n'
                         'a = argparse.Namespace(dataset="digits")\nb = NS(size=8)\n')
@@ -190,10 +249,12 @@ def wide_functions(paths, limit=MAX_STEP_PARAMETERS):
 
 
 def test_step_functions_stay_narrow(tmp_path):
-    """No function of the training step, the loop and the run (steps.py, loop.py, engine.py, probes.py) takes more
-    than 7 parameters: what belongs together travels as the object that owns it (``steps.CarrotTerm``,
-    ``loop.Optimization``, a trainer). Power: an 8-parameter function is caught."""
-    assert wide_functions([ROOT / 'steps.py', ROOT / 'loop.py', ROOT / 'engine.py', ROOT / 'probes.py']) == []
+    """No function of the training step, the loop and the run (training/steps.py, training/chunks.py,
+    training/loop.py, engine/run.py, evaluation/probes.py) takes more than 7 parameters: what belongs together
+    travels as the object that owns it (``steps.CarrotTerm``, ``loop.Optimization``, a trainer). Power: an
+    8-parameter function is caught."""
+    narrow = ['training/steps.py', 'training/chunks.py', 'training/loop.py', 'engine/run.py', 'evaluation/probes.py']
+    assert wide_functions([ROOT / p for p in narrow]) == []
     wide = tmp_path / 'wide.py'
     wide.write_text('def f(a, b, c, d, e, g, h, i):\n    pass\n\n\nclass K:\n    def m(self, a, b, c, d, e, g, h):\n'
                     '        pass\n')

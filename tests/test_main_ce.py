@@ -1,5 +1,5 @@
 """main_ce.py end to end on the bundled digits (then main_linear.py on its encoder), with CARROT (--resume:
-tests/test_resume.py)."""
+tests/engine/test_resume.py)."""
 import json
 import os
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow    # runs the real scripts in subprocesses
 
 @pytest.mark.xdist_group('ce')
 def test_ce_then_linear_with_val_split(shared_run, tmp_path):
-    run, out = shared_run('ce')          # 2 epochs, fp16 (its exact resume: tests/test_resume.py)
+    run, out = shared_run('ce')          # 2 epochs, fp16 (its exact resume: tests/engine/test_resume.py)
     assert 'best test top-1' in out.stdout
     assert 'test/acc' in read_metrics(run)[-1]
     # the encoder trained on the long-tailed digits; evaluated on the balanced digits (given: the checkpoint's
@@ -95,7 +95,7 @@ def test_no_chunk_or_batch_of_one_image_reaches_batchnorm(tmp_path):
     with single-view cross-entropy are one line; a batch of 5 in chunks of 4 would end in a chunk of one image:
     that chunk is merged into the one before, and the run trains."""
     from helpers import assert_one_line_error, make_image_folder
-    from steps import chunk_bounds
+    from training.chunks import chunk_bounds
     assert chunk_bounds(5, 4, 1) == [(0, 5)] and chunk_bounds(9, 4, 1) == [(0, 4), (4, 9)]
     assert chunk_bounds(5, 4, 2) == [(0, 4), (4, 5)] and chunk_bounds(1, 4, 1) == [(0, 1)]
     make_image_folder(tmp_path / 'data', per_class=5)

@@ -1,5 +1,5 @@
 """main_supcon.py end to end on the bundled digits: every method, the SimCLR loss family, CARROT, gradient
-caching, the queue, and linear evaluation of the result (exact resume: tests/test_resume.py). Runs that several
+caching, the queue, and linear evaluation of the result (exact resume: tests/engine/test_resume.py). Runs that several
 tests read are trained once per session (``shared_run``, tests/conftest.py)."""
 import json
 import os
@@ -50,12 +50,12 @@ def test_linear_reads_the_checkpoints_of_every_mode(shared_run, name):
     same for every checkpoint and runs end to end in test_supcon_then_linear_on_digits)."""
     import torch
 
-    from checkpoint import load_encoder
-    from options import parse_option
+    from config.options import parse_option
+    from training.checkpoint import load_encoder
     last = os.path.join(shared_run(name)[0], 'last.pth')
     opt = parse_option('linear', ['--ckpt', last])
     opt.device = torch.device('cpu')
-    from runtime import Runtime
+    from training.runtime import Runtime
     encoder, opt.model = load_encoder(opt.ckpt, opt.model, 'resnet50', Runtime(opt.device))
     saved = {k[len('encoder.'):]: v for k, v in load(last)['model'].items() if k.startswith('encoder.')}
     assert opt.model == 'resnet_tiny' and encoder.state_dict().keys() == saved.keys()
@@ -109,7 +109,7 @@ FAMILY_RUNS = [
 
 
 def test_loss_family_run_names():
-    from options import parse_option
+    from config.options import parse_option
     for method, loss, extra, name, scale in FAMILY_RUNS:
         folder = parse_option('supcon', ['--method', method, '--simclr_loss', loss, *extra]).run_folder
         assert name in folder and scale in folder, folder

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from flags import UserError
+from config.options import parse_option
+from core.flags import UserError
 from helpers import FAST, ROOT, load, only_run_folder, read_metrics, script_env
 from methods import METHODS, Method, register
-from options import parse_option
 
 TOY = '''
 import torch

@@ -23,7 +23,7 @@ def test_a_forked_run_is_a_fresh_script(tmp_path):
     script = write(tmp_path, 'probe.py', '''
         import os, sys, torch
         sys.path.insert(0, os.getcwd())      # the repo root: the runs' working directory
-        import cli
+        from config import cli
         print('argv', sys.argv[1:], 'cwd', os.getcwd())
         print('threads', torch.get_num_threads(), os.environ['OMP_NUM_THREADS'], os.environ.get('PROBE'))
         print('main pid', cli._MAIN_PID == os.getpid())     # the repo's modules are this process's own

@@ -1,0 +1,172 @@
+"""The end of a sweep (``sweep.py``): ``table.md`` (each ``compare:`` table through ``compare.table``: mean ± std over
+seeds, paired differences from the baseline), ``figure.png`` (one per further table) and ``sweep.json`` (every cell:
+its flags, state, folders, results), written from the cells' folders and records, never from memory."""
+import json
+import math
+import os
+import time
+
+import compare
+from sweeping import launch as sweep_run
+from sweeping import plan as sweep_plan
+from sweeping.plan import STAGE1
+
+
+def shown(path):
+    """A path as a user reads it: relative to here when below here, else absolute."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith('..') else rel
+
+
+def result_of(cell, evaluation):
+    """The results.json path that stands for ``cell`` in a table of ``evaluation``: that evaluation's, or (a cell
+    without it: main_ce.py's) its stage 1's own."""
+    stage = cell.stage(evaluation) if evaluation else None
+    return (stage or cell.stage(STAGE1)).result()
+
+
+def groups_of(sweep, table, cells):
+    """``[(group label, [(row label, [(cell, results.json path)])])]`` of one ``compare:`` table."""
+    by = table['by']
+    groups = {}
+    for cell in cells:
+        if cell.method not in table['methods']:
+            continue
+        group = ', '.join(f'{a}={cell.axes[a]}' for a in by)
+        rest = ', '.join(f'{a}={v}' for a, v in cell.axes.items() if a not in by)
+        if table['rows'] == 'method':
+            entries = [(cell.method + (f', {rest}' if rest else ''), table['evaluation'])]
+        else:
+            stages = [s.name for s in cell.stages if s.name != STAGE1]
+            entries = [((f'{cell.method} ' if len(table['methods']) > 1 else '') + s + (f', {rest}' if rest else ''),
+                        s) for s in stages]
+        for label, evaluation in entries:
+            groups.setdefault(group, {}).setdefault(label, []).append((cell, result_of(cell, evaluation)))
+    return [(g, list(rows.items())) for g, rows in groups.items()]
+
+
+def baseline_label(table, rows):
+    base = table.get('baseline')
+    if base is None:
+        return None
+    base = str(base)
+    return next((label for label, _ in rows if label == base or label.startswith(f'{base}, ')), None)
+
+
+def write_results(sweep, cells, now):
+    """``table.md``, ``figure.png`` (one per further table) and ``sweep.json`` in the sweep's folder; returns their
+    paths (the table and figures only where some cell has a result)."""
+    os.makedirs(sweep.folder, exist_ok=True)
+    written = {'sweep.json': os.path.join(sweep.folder, 'sweep.json')}
+    lines = [f'# Sweep {sweep.name}', '']
+    if sweep.description:
+        lines += [sweep.description, '']
+    lines += [f'From `{shown(sweep.path)}`, {len(cells)} cells; '
+              f'{sum(1 for s in now.values() if s == "done")} of {len(now)} runs done.', '']
+    figures = []
+    for i, table in enumerate(sweep.compare):
+        metric = table['metric']
+        title = table['name'] if len(sweep.compare) > 1 else None
+        panels = []
+        for group, rows in groups_of(sweep, table, cells):
+            read_rows, missing = [], []
+            for label, entries in rows:
+                results = []
+                for cell, path in entries:
+                    if path is None:
+                        missing.append(f'{label} seed {cell.seed}')
+                        continue
+                    with open(path) as f:
+                        result = json.load(f)
+                    if table['train_metrics']:
+                        compare.add_training_metrics(path, result, table['train_metrics'])
+                    results.append(result)
+                if results:
+                    read_rows.append((label, results))
+            heading = ' — '.join(x for x in (title, group) if x)
+            if heading:
+                lines += [f'## {heading}', '']
+            if not read_rows:
+                lines += ['No results yet.', '']
+                continue
+            base = baseline_label(table, read_rows)
+            lines += [compare.table(read_rows, table['train_metrics'], base, metric), '']
+            if missing:
+                lines += [f'Not done yet (left out): {", ".join(missing)}.', '']
+            panels.append((group, read_rows, base))
+        if panels:
+            name = 'figure.png' if i == 0 else f'figure_{sweep_plan.folder_part(table["name"])}.png'
+            figure(panels, metric, os.path.join(sweep.folder, name), title or sweep.name)
+            figures.append(name)
+    if any(s == 'done' for s in now.values()):
+        with open(os.path.join(sweep.folder, 'table.md'), 'w') as f:
+            f.write('\n'.join(lines).rstrip() + '\n')
+        written['table.md'] = os.path.join(sweep.folder, 'table.md')
+        for name in figures:
+            written[name] = os.path.join(sweep.folder, name)
+    record = {'sweep': sweep.name, 'file': os.path.abspath(sweep.path), 'folder': sweep.folder,
+              'written': time.strftime('%Y-%m-%d %H:%M:%S'), 'cells': []}
+    for cell in cells:
+        cell_record = sweep_run.read_record(cell.folder)
+        record['cells'].append({
+            'name': cell.name, 'method': cell.method, 'axes': cell.axes, 'seed': cell.seed, 'folder': cell.folder,
+            'stages': {s.name: {'state': now[(cell.name, s.name)], 'script': s.script, 'flags': s.argv,
+                                'run_folder': s.run() if isinstance(s.run(), str) else None, 'result': s.result(),
+                                **{k: cell_record.get(s.name, {}).get(k) for k in ('seconds', 'attempts', 'exit',
+                                                                                  'last_line', 'command')}}
+                       for s in cell.stages}})
+    with open(written['sweep.json'], 'w') as f:
+        json.dump(record, f, indent=2)
+    return written
+
+
+def figure(panels, metric, path, title):
+    """Each row's ``metric`` (mean and its 95 % t interval over seeds), one panel per group; the baseline's mean as a
+    dashed line, each other row coloured by its paired difference from it (interval above 0: green, below: red)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from scipy.stats import t
+    height = max(2.5, 0.32 * max(len(rows) for _, rows, _ in panels) + 1.2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels) + 2, height), squeeze=False, sharey=True)
+    for ax, (group, rows, base) in zip(axes[0], panels):
+        labels = [label for label, _ in rows]
+        for y, (label, results) in enumerate(rows):
+            values = [r[metric] for r in results if metric in r]
+            if not values:
+                continue
+            mean, sd = compare.mean_std(values)
+            half = float(t.ppf(0.975, len(values) - 1)) * sd / math.sqrt(len(values)) if sd is not None else 0
+            colour, n = 'black', 0
+            if base is not None and label != base:
+                n, diff, dhalf = compare.paired_difference(results, dict(rows)[base], metric)
+                if dhalf is not None and diff - dhalf > 0:
+                    colour = 'tab:green'
+                elif dhalf is not None and diff + dhalf < 0:
+                    colour = 'tab:red'
+                else:
+                    colour = 'tab:grey'
+            ax.errorbar(mean, y, xerr=half, fmt='o', color=colour, capsize=3)
+            if base is not None and label != base and n:
+                ax.annotate(f'{diff:+.2f}' + (f' [{diff - dhalf:+.2f}, {diff + dhalf:+.2f}]' if dhalf else ''),
+                            (mean, y), textcoords='offset points', xytext=(0, 6), ha='center', fontsize=7,
+                            color=colour)
+        if base is not None:
+            values = [r[metric] for r in dict(rows)[base] if metric in r]
+            if values:
+                ax.axvline(sum(values) / len(values), color='black', linestyle='--', linewidth=0.8,
+                           label=f'{base} (baseline)')
+                ax.legend(fontsize=7, loc='lower left')
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels, fontsize=8)
+        name = dict((c[0], c[1]) for c in compare.COLUMNS).get(metric, metric)
+        ax.set_xlabel(f'{name}: mean and 95 % CI over seeds', fontsize=8)
+        ax.set_title(group or title, fontsize=9)
+        ax.grid(axis='x', alpha=0.3)
+    axes[0][0].invert_yaxis()           # shared: the first row on top, once
+    fig.suptitle(f'{title}: green / red = paired 95 % CI of the difference from the baseline above / below 0 (the '
+                 'numbers: that difference)' if any(
+        b for _, _, b in panels) else title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,393 @@
+"""sweep.py (sweeping/plan.py, sweeping/launch.py): a sweep file's cells, names and commands; bad files as one line
+before anything starts; a changed finished cell refused; real grids on digits that skip, resume and retry, a sweep
+killed and called again that loses nothing, one cell of the ablation bit-equal to the old script's commands, and the
+SLURM launcher against a real one-node cluster (tests/slurm_cluster.py)."""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from helpers import ROOT, assert_one_line_error, load, make_fake_cifar, run_in_process, run_script, script_env
+
+TINY = {'dataset': 'digits', 'batch_size': 128, 'num_workers': 0, 'print_freq': 1000, 'size': 8, 'augment': 'device',
+        'device': 'cpu', 'cosine': True, 'epochs': 2}
+
+
+def write(path, **spec):
+    """A sweep file of ``spec`` (name, base, methods, ... as keywords)."""
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def mini(path, **changes):
+    """SupCon (with a linear evaluation) and CE (without one) on tiny digits, 2 seeds."""
+    spec = dict(name='mini', base=dict(TINY),
+                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1},
+                         'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}},
+                seeds=[0, 1], linear={'epochs': 1, 'learning_rate': 1}, compare={'baseline': 'SupCon'})
+    spec.update(changes)
+    return write(path, **spec)
+
+
+def read_sweep(path, save):
+    from sweeping import plan as sweep_plan
+    sweep = sweep_plan.read(str(path), str(save))
+    sweep_plan.prepare(sweep, sweep.cells)
+    return sweep
+
+
+def sweep(*args, env=None, timeout=900):
+    """``python sweep.py args`` in a process of its own (environment: the suite's, plus ``env``)."""
+    return subprocess.run([sys.executable, 'sweep.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**script_env(), **(env or {})})
+
+
+def records(folder):
+    return {str(p.parent.relative_to(folder)): json.loads(p.read_text())['stages']
+            for p in pathlib.Path(folder).rglob('cell.json')}
+
+
+def assert_same_checkpoints(a, b):
+    a, b = load(a), load(b)
+    for key, value in a['model'].items():
+        assert torch.equal(b['model'][key], value), key
+
+
+def run_folder(save_folder):
+    found = [d for d, _, files in os.walk(save_folder) if 'run.json' in files]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# ---------------------------------------------------------------- the file: cells, names, commands
+def test_a_file_expands_into_named_cells_with_their_commands(tmp_path):
+    path = mini(tmp_path / 's.yaml', grid={'setting': {'plain': {'label_granularity': 'fine'},
+                                                       'coarse-to-fine': {'label_granularity': 'coarse'}},
+                                           'imb_factor': [0.1, 0.01]},
+                base={**TINY, 'dataset': 'digits_lt'},
+                linear={'epochs': 1, 'learning_rate': 1, 'imb_factor': '{imb_factor}'})
+    s = read_sweep(path, tmp_path / 'save')
+    assert s.folder == str(tmp_path / 'save' / 'sweeps' / 'mini')
+    assert len(s.cells) == 2 * 2 * 2 * 2
+    cell = s.cells[0]
+    assert cell.name == 'SupCon setting=plain imb_factor=0.1 seed 0'
+    assert cell.folder == os.path.join(s.folder, 'runs', 'SupCon', 'setting=plain,imb_factor=0.1', 'seed_0')
+    first, linear = cell.stages
+    assert first.script == 'main_supcon.py' and linear.script == 'main_linear.py'
+    value = lambda argv, flag: argv[argv.index(flag) + 1]       # noqa: E731
+    assert [value(first.argv, f) for f in ('--label_granularity', '--imb_factor', '--seed')] == ['fine', '0.1', '0']
+    assert '--label_granularity' not in linear.argv        # base and axes: each script takes the flags it has
+    assert value(linear.argv, '--imb_factor') == '0.1'          # '{imb_factor}': the cell's own
+    assert value(linear.argv, '--epochs') == '1'                # an evaluation's flag wins over base
+    ce = next(c for c in s.cells if c.method == 'CE')
+    assert [st.name for st in ce.stages] == ['pretrain']                    # main_ce.py evaluates itself
+    assert first.run_folder.endswith('SupCon_digits_lt_resnet_tiny_lr_0.2_decay_0.0001_bsz_128_temp_0.1_trial_0'
+                                     '_imb_0.1_cosine_devaug')
+    assert [c.name for c in s.select(['CE * seed 1'])][:1] == ['CE setting=plain imb_factor=0.1 seed 1']
+    s = read_sweep(mini(tmp_path / 't.yaml', methods={'CE': {'script': 'main_ce.py', 'evaluate': True}}, compare=None),
+                   tmp_path / 'save')
+    assert [st.name for st in s.cells[0].stages] == ['pretrain', 'linear']
+
+
+@pytest.mark.parametrize('change, words', [
+    (dict(colour='red'), ["unknown key 'colour'"]),
+    (dict(lienar={'epochs': 1}), ["unknown key 'lienar'", 'did you mean linear']),
+    (dict(methods={'SupCon': {'lerning_rate': 0.2}}), ['methods.SupCon: lerning_rate is not a flag of main_supcon.py',
+                                                        'learning_rate']),
+    (dict(methods={'SupCon': {'label_granularity': 'medium'}}), ['SupCon seed 0, pretrain (main_supcon.py)',
+                                                                 "invalid choice: 'medium'"]),
+    (dict(methods={'SupCon': {'method': 'SupCon', 'kcl_k': 3}}), ['SupCon seed 0', '--kcl_k needs --method KCL']),
+    (dict(methods={}), ['methods is empty']),
+    (dict(grid={'label_noise': []}), ['grid.label_noise is empty']),
+    (dict(seeds=[]), ['seeds must be a non-empty list']),
+    (dict(methods={'X': {'script': 'main_nothing.py'}}), ["methods.X.script: 'main_nothing.py' is not"]),
+    (dict(methods={'X': {'evaluate': ['probe']}}), ["methods.X.evaluate: 'probe' is not an evaluation"]),
+    (dict(compare={'baseline': 'SupKon'}), ["compare.baseline: 'SupKon' is not one of its rows"]),
+    (dict(compare={'by': ['setting']}), ["compare.by: 'setting' is not an axis"]),
+    (dict(base={**TINY, 'tempreature': 1}), ['base: tempreature is not a flag of']),
+    (dict(linear={'imb_factor': '{imb_factor}'}), ['{imb_factor} names a flag that stage 1 does not set']),
+    (dict(methods={'SupCon': {'save_folder': 'x'}}), ['save_folder is set by the sweep']),
+    (dict(name='a/b'), ['name must be a folder name']),
+    ('repeated', ['the key seeds is repeated']),
+    ('missing', ['not found']),
+])
+def test_a_bad_file_is_one_line_naming_it_and_nothing_starts(tmp_path, change, words):
+    path = tmp_path / 's.yaml'
+    if change == 'repeated':
+        mini(path)
+        path.write_text(path.read_text() + 'seeds: [3]\n')
+    elif change != 'missing':
+        mini(path, **change)
+    proc = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save')
+    assert_one_line_error(proc, *words)
+    assert str(path) in proc.stderr and proc.returncode == 2
+    assert not (tmp_path / 'save').exists()
+
+
+def test_bad_command_lines_are_one_line(tmp_path):
+    path = mini(tmp_path / 's.yaml')
+    for args, words in ((['--jobs', '0'], ['--jobs must be >= 1']), (['--dry-run', '--status'], ['two views']),
+                        (['--launcher', 'cloud'], ['invalid choice']), (['--job', '2'], ['unknown flag --job']),
+                        (['--only', 'Nope *'], ['matches no cell'])):
+        assert_one_line_error(run_in_process('sweep.py', path, *args), *words)
+
+
+def fake_run(stage, **config):
+    """A run folder where ``stage`` plans one, with run.json of the planned flags changed by ``config``."""
+    os.makedirs(stage.run_folder)
+    planned = dict(stage.planned['config'], **config)
+    with open(os.path.join(stage.run_folder, 'run.json'), 'w') as f:
+        json.dump({'run_name': 'x', 'config': planned, 'given': []}, f)
+    return stage.run_folder
+
+
+def test_a_cell_whose_flags_changed_after_it_ran_is_refused(tmp_path):
+    """The file changed after a cell ran (another momentum, which its folder's name does not show): one line naming
+    the cell and the difference, before anything starts; the same flags are no conflict."""
+    path = mini(tmp_path / 's.yaml')
+    s = read_sweep(path, tmp_path / 'save')
+    fake_run(s.cells[0].stages[0], momentum=0.8)
+    assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save'),
+                          'the cell SupCon seed 0 (pretrain) ran with other flags',
+                          '--momentum: the run has 0.8, now 0.9', 'change the file back, or give the sweep a new name')
+    shutil.rmtree(s.folder)
+    fake_run(s.cells[0].stages[0])
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_plan_and_the_status_say_what_is_done_and_what_will_run(tmp_path):
+    """--dry-run and --status run nothing; a stage with its result is done, one with a checkpoint is continued with
+    --resume, a failed one waits for --retry-failed."""
+    from sweeping import launch as sweep_run
+    path = mini(tmp_path / 's.yaml')
+    s = read_sweep(path, tmp_path / 'save')
+    done, partial, failed = s.cells[0], s.cells[1], s.cells[2]          # SupCon 0, SupCon 1, CE 0
+    for stage in done.stages:
+        (pathlib.Path(fake_run(stage)) / 'results.json').write_text('{"final_test_acc": 50.0}')
+    (pathlib.Path(fake_run(partial.stages[0])) / 'last.pth').write_text('')
+    sweep_run.write_record(failed.folder, 'pretrain', state='failed', last_line='main_ce.py: error: boom')
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
+    assert out.returncode == 0, out.stderr
+    assert '| SupCon seed 0 | done | done |' in out.stdout and '| SupCon seed 1 | partial | pending |' in out.stdout
+    assert '| CE seed 0 | failed: main_ce.py: error: boom |' in out.stdout
+    assert 'would run 3 stages' in out.stdout        # SupCon 1 (resumed) and its linear, CE 1
+    resumed = [line for line in out.stdout.splitlines() if line.startswith('  SupCon seed 1, pretrain')]
+    assert resumed and '--resume' in resumed[0]
+    assert not any(line.startswith('  SupCon seed 0') for line in out.stdout.splitlines())
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run', '--retry-failed')
+    assert 'would run 4 stages' in out.stdout
+    status = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--status')
+    assert 'sweep mini: 4 cells, 2 done, 1 failed, 1 partial, 2 pending' in status.stdout
+    assert not (pathlib.Path(s.folder) / 'sweep.json').exists()         # nothing written
+
+
+# ---------------------------------------------------------------- real grids on digits
+@pytest.mark.slow
+def test_a_sweep_runs_its_grid_and_a_second_call_redoes_nothing(tmp_path):
+    path = mini(tmp_path / 's.yaml')
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 2)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    folder = tmp_path / 'save' / 'sweeps' / 'mini'
+    assert 'sweep mini: 6 of 6 runs done' in out.stdout
+    for name in ('table.md', 'figure.png', 'sweep.json', 'sweep_file.yaml'):
+        assert (folder / name).is_file(), name
+    table = (folder / 'table.md').read_text()
+    assert '| SupCon | 2 |' in table and '| CE | 2 |' in table and '(baseline)' in table and '(n=2)' in table
+    record = json.loads((folder / 'sweep.json').read_text())
+    assert len(record['cells']) == 4 and all(s['state'] == 'done' for c in record['cells']
+                                             for s in c['stages'].values())
+    assert record['cells'][0]['stages']['linear']['result'].endswith('results.json')
+    before = records(folder)
+    logs = {p: p.read_text() for p in folder.rglob('*.log')}
+    again = sweep(path, '--save_folder', tmp_path / 'save')
+    assert again.returncode == 0 and '0 to run' in again.stdout
+    assert records(folder) == before and {p: p.read_text() for p in folder.rglob('*.log')} == logs
+
+
+@pytest.mark.slow
+def test_a_failed_stage_waits_for_retry_failed(tmp_path):
+    """A stage that fails (CIFAR files not there yet) is listed with its log's last line and left alone by the next
+    call; --retry-failed runs it again once the files are there. Its evaluation waits for it."""
+    data = tmp_path / 'data'
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'dataset': 'cifar10', 'data_folder': str(data)},
+                methods={'SupCon': {'method': 'SupCon'}}, seeds=[0], compare=None)
+    out = sweep(path, '--save_folder', tmp_path / 'save')
+    assert out.returncode == 1
+    assert 'failed: SupCon seed 0, pretrain: main_supcon.py: error: cifar10 not found' in out.stderr
+    again = sweep(path, '--save_folder', tmp_path / 'save')
+    assert again.returncode == 1 and '0 to run, 1 failed before (--retry-failed runs them)' in again.stdout
+    make_fake_cifar(data)
+    retried = sweep(path, '--save_folder', tmp_path / 'save', '--retry-failed')
+    assert retried.returncode == 0, retried.stdout[-2000:]
+    stages = records(tmp_path / 'save' / 'sweeps' / 'mini')['runs/SupCon/seed_0']
+    assert stages['pretrain']['attempts'] == 2 and stages['pretrain']['state'] == stages['linear']['state'] == 'done'
+
+
+def child_processes(pid):
+    out = subprocess.run(['ps', '-o', 'pid=', '--ppid', str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def script_pids(folder):
+    """The pids of the training scripts whose command names ``folder``."""
+    out = subprocess.run(['pgrep', '-f', str(folder)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_called_again_loses_nothing_and_redoes_nothing(tmp_path):
+    """SIGTERM, then SIGKILL, while a cell is mid-run: no script is left running, and the next call finishes every
+    cell, runs no finished stage again, and the killed cell ends bit-equal to an uninterrupted run."""
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 4}, linear=None, compare=None,
+                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}}, seeds=[0, 1, 2])
+    folder = tmp_path / 'save' / 'sweeps' / 'mini'
+    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'save'),
+                             '--jobs', '1'], cwd=ROOT, env=script_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:       # seed 0 done, seed 1 past its first checkpoint
+        if list((folder / 'runs' / 'SupCon' / 'seed_1').rglob('last.pth')):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.time() + 30
+    while script_pids(folder) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not script_pids(folder)            # none left behind holding a folder
+    before = records(folder)
+    assert before['runs/SupCon/seed_0']['pretrain']['state'] == 'done'
+    assert before['runs/SupCon/seed_1']['pretrain']['state'] in ('running', 'interrupted')
+    out = sweep(path, '--save_folder', tmp_path / 'save')
+    assert out.returncode == 0, out.stdout[-3000:]
+    after = records(folder)
+    assert after['runs/SupCon/seed_0'] == before['runs/SupCon/seed_0']          # not run again
+    assert after['runs/SupCon/seed_1']['pretrain']['attempts'] == 2
+    assert '--resume' in after['runs/SupCon/seed_1']['pretrain']['command']
+    command = before['runs/SupCon/seed_1']['pretrain']['command'][1:]
+    command[command.index('--save_folder') + 1] = str(tmp_path / 'whole')
+    run_script(*command)
+    assert_same_checkpoints(os.path.join(run_folder(folder / 'runs' / 'SupCon' / 'seed_1'), 'last.pth'),
+                            os.path.join(run_folder(tmp_path / 'whole'), 'last.pth'))
+
+
+@pytest.mark.slow
+def test_a_cell_of_the_ablation_equals_the_old_scripts_run(tmp_path):
+    """sweeps/ablation_digits.yaml (2 epochs, 1 linear epoch here) runs a cell with exactly the flags
+    scripts/ablation_digits.sh gave it: digits_run's common flags, the method's, --label_granularity, --epochs and
+    the learning rate and temperature; then linear evaluation. Both stages are bit-equal (CPU, one thread)."""
+    spec = yaml.safe_load((pathlib.Path(ROOT) / 'sweeps' / 'ablation_digits.yaml').read_text())
+    spec['base']['epochs'] = 2
+    spec['linear']['epochs'] = 1
+    path = write(tmp_path / 'ablation.yaml', **spec)
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--only', 'RASCAL-current setting=coarse-to-fine seed 1')
+    assert out.returncode == 0, out.stdout[-3000:]
+    cell = tmp_path / 'save' / 'sweeps' / 'ablation_digits' / 'runs' / 'RASCAL-current' / 'setting=coarse-to-fine'
+    old = tmp_path / 'old'           # what scripts/ablation_digits.sh ran (digits_run, LINEAR_ALWAYS=1)
+    common = ['--dataset', 'digits', '--batch_size', 128, '--cosine', '--num_workers', 0, '--seed', 1,
+              '--print_freq', 1000]
+    run_script('main_supcon.py', *common, '--save_folder', old / 'pretrain', '--method', 'RASCAL',
+               '--rascal_weighting', 'current', '--label_granularity', 'coarse', '--epochs', 2, '--learning_rate', 0.2,
+               '--temp', 0.1)
+    ckpt = os.path.join(run_folder(old / 'pretrain'), 'last.pth')
+    run_script('main_linear.py', *common, '--epochs', 1, '--learning_rate', 1, '--ckpt', ckpt, '--save_folder',
+               old / 'linear')
+    for stage in ('pretrain', 'linear'):
+        new_run, old_run = run_folder(cell / 'seed_1' / stage), run_folder(old / stage)
+        assert os.path.basename(new_run) == os.path.basename(old_run)
+        assert_same_checkpoints(os.path.join(new_run, 'last.pth'), os.path.join(old_run, 'last.pth'))
+    new, old_result = (json.loads((pathlib.Path(run_folder(f)) / 'results.json').read_text())
+                       for f in (cell / 'seed_1' / 'linear', old / 'linear'))
+    assert [new[k] for k in ('final_test_acc', 'final_test_nll')] == [old_result[k] for k in ('final_test_acc',
+                                                                                             'final_test_nll')]
+
+
+# ---------------------------------------------------------------- the SLURM launcher, on a real one-node cluster
+SLURM = ['--launcher', 'slurm', '--poll_s', '0.5', '--time_min', 10]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('slurm')
+def test_a_sweep_through_slurm_equals_the_local_one(slurm, tmp_path):
+    """A 2 x 2 sweep (2 methods, 2 seeds) through --launcher slurm: one job per cell, every stage's checkpoint and
+    result equal to --launcher local's."""
+    path = mini(tmp_path / 's.yaml')
+    via_slurm = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, env=slurm.env)
+    assert via_slurm.returncode == 0, via_slurm.stdout[-3000:] + via_slurm.stderr[-3000:]
+    assert 'submitted 4 SLURM jobs' in via_slurm.stdout
+    local = sweep(path, '--save_folder', tmp_path / 'local', '--jobs', 2)
+    assert local.returncode == 0
+    runs = lambda root: sorted(str(p.relative_to(root)) for p in root.rglob('last.pth'))     # noqa: E731
+    a, b = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs', tmp_path / 'local' / 'sweeps' / 'mini' / 'runs'
+    assert runs(a) == runs(b) and len(runs(a)) == 6
+    for rel in runs(a):
+        assert_same_checkpoints(a / rel, b / rel)
+    for result in a.rglob('results.json'):
+        assert json.loads(result.read_text())['final_test_acc'] == \
+            json.loads((b / result.relative_to(a)).read_text())['final_test_acc']
+    assert all(r['_slurm']['job'] for r in records(a.parent).values())
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('slurm')
+def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
+    """``scontrol requeue`` while a stage runs (as a preemption or a time limit does): the stage stops with its last
+    checkpoint, the job waits (BeginTime) until released, runs again with SLURM_RESTART_COUNT=1 and continues the
+    stage from last.pth; it ends bit-equal to an uninterrupted run."""
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 5}, linear=None, compare=None,
+                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}}, seeds=[0])
+    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
+        str, SLURM)], cwd=ROOT, env={**script_env(), **slurm.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    cell = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs' / 'SupCon' / 'seed_0'
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(cell.rglob('last.pth')):
+        time.sleep(0.1)
+    job = json.loads((cell / 'cell.json').read_text())['stages']['_slurm']['job']
+    slurm.run('scontrol', 'requeue', job)
+    while time.time() < deadline and 'BeginTime' not in slurm.run('squeue', '-h', '-o', '%r', '-j', job).stdout:
+        time.sleep(0.2)
+    slurm.run('scontrol', 'update', f'JobId={job}', 'StartTime=now')
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    log = (cell / 'pretrain.log').read_text()
+    assert 'attempt 2' in log and 'resumed from' in log and 'interrupted' in log
+    stages = json.loads((cell / 'cell.json').read_text())['stages']
+    assert stages['pretrain']['state'] == 'done' and stages['pretrain']['attempts'] == 2
+    whole = sweep(path, '--save_folder', tmp_path / 'local')
+    assert whole.returncode == 0
+    assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'), os.path.join(run_folder(
+        tmp_path / 'local' / 'sweeps' / 'mini' / 'runs' / 'SupCon' / 'seed_0'), 'last.pth'))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('slurm')
+def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
+    """--tasks_per_node 2: one run over two processes (gloo on the CPU), their environment from SLURM's as torchrun
+    gives it; bit-equal to the same command under torchrun with 2 processes. (A 2-process run is not a 1-process run:
+    each process draws its own augmentations; one step's equality with one process on the concatenated batch is
+    tests/training/test_distributed.py's.)"""
+    path = mini(tmp_path / 's.yaml', linear=None, compare=None, seeds=[0],
+                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}})
+    out = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, '--tasks_per_node', 2, env=slurm.env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    cell = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs' / 'SupCon' / 'seed_0'
+    ckpt = load(os.path.join(run_folder(cell), 'last.pth'))
+    assert ckpt['config']['world_size'] == 2
+    command = json.loads((cell / 'cell.json').read_text())['stages']['pretrain']['command'][1:]
+    command[command.index('--save_folder') + 1] = str(tmp_path / 'torchrun')
+    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2', *command],
+                   cwd=ROOT, env=script_env(), check=True, capture_output=True, timeout=300)
+    assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'),
+                            os.path.join(run_folder(tmp_path / 'torchrun'), 'last.pth'))

@@ -1,0 +1,223 @@
+"""The run-time environment of a process: seeds and RNG states (what checkpoints carry for an exact ``--resume``),
+the device, mixed precision and memory layout (:class:`Runtime`), deterministic kernels, and the allocator
+setting of the CPU augmentation."""
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core.flags import Feature, UserError
+
+
+# ---------------------------------------------------------------- seeds and RNG states
+def set_seed(seed):
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+
+
+GENERATORS = {}     # name -> torch.Generator of this process whose state travels with the RNG states
+
+
+def register_generator(name, generator):
+    """Make ``generator``'s state part of :func:`get_rng_state` / :func:`set_rng_state` (checkpoints, ``--resume``)."""
+    GENERATORS[name] = generator
+    return generator
+
+
+def get_rng_state():
+    """All RNG states as tensors and plain values (loadable with ``weights_only=True``). CUDA: the state of this
+    process's device only (``cuda_device``: its index), so that a checkpoint resumes on a node with any number of
+    visible GPUs; registered generators with their device type."""
+    np_state = np.random.get_state()
+    state = {'torch': torch.get_rng_state(), 'python': random.getstate(),
+             'numpy': {'keys': torch.from_numpy(np_state[1].astype(np.int64)), 'pos': int(np_state[2]),
+                       'has_gauss': int(np_state[3]), 'cached_gaussian': float(np_state[4])}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state(torch.cuda.current_device())
+        state['cuda_device'] = torch.cuda.current_device()
+    if GENERATORS:
+        state['generators'] = {name: g.get_state() for name, g in GENERATORS.items()}
+        state['generator_devices'] = {name: g.device.type for name, g in GENERATORS.items()}
+    return state
+
+
+def cuda_state_for_this_device(state, device_index):
+    """The saved CUDA RNG state to restore on device ``device_index``, or ``None`` with the reason. A state saved
+    by this project is one device's (``state['cuda']`` a tensor); older checkpoints hold a list of every visible
+    device's: take entry ``device_index`` when it exists."""
+    saved = state.get('cuda')
+    if saved is None:
+        return None, 'the checkpoint holds no CUDA RNG state (written on a CPU)'
+    if isinstance(saved, torch.Tensor) and saved.dim() == 1:
+        return saved, None
+    saved = list(saved)
+    if device_index < len(saved):
+        return saved[device_index], None
+    return None, f'the checkpoint holds CUDA RNG states of {len(saved)} devices, none for cuda:{device_index}'
+
+
+def set_rng_state(state, reseed=None):
+    """Restore :func:`get_rng_state`'s ``state``. A part that cannot be restored here (a CUDA state without a
+    matching device, a generator saved on another device type) is re-seeded with ``reseed`` (an int) instead
+    of failing. Returns the notices (one line each) of what was re-seeded."""
+    notices = []
+    torch.set_rng_state(state['torch'])
+    py = state['python']
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state['numpy']
+    np.random.set_state(('MT19937', n['keys'].numpy().astype(np.uint32), n['pos'],
+                         n['has_gauss'], n['cached_gaussian']))
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        cuda_state, why = cuda_state_for_this_device(state, index)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, index)
+        else:
+            torch.cuda.manual_seed(reseed or 0)
+            notices.append(f'CUDA RNG re-seeded ({why})')
+    saved_devices = state.get('generator_devices', {})
+    for name, g_state in state.get('generators', {}).items():
+        if name not in GENERATORS:
+            continue
+        g = GENERATORS[name]
+        saved_type = saved_devices.get(name)
+        try:
+            if saved_type not in (None, g.device.type):
+                raise RuntimeError(f'saved on {saved_type}')
+            g.set_state(g_state)
+        except RuntimeError as e:
+            g.manual_seed((reseed or 0) % 2 ** 63)
+            notices.append(f'the {name} generator re-seeded (its saved state cannot be loaded on '
+                           f'{g.device.type}: {str(e).splitlines()[0][:80]})')
+    return notices
+
+
+def rank_rng_state(ckpt, rank, world_size):
+    """The RNG state this process resumes from: its own when the checkpoint was written by as many processes (or
+    by one process and this is one process), else ``None`` with the reason (every process is then re-seeded: one
+    saved state given to several processes would make them draw the same numbers)."""
+    ranks = ckpt.get('rng_ranks')
+    saved_world = len(ranks) if ranks else 1
+    if saved_world == world_size:
+        return (ranks[rank] if ranks else ckpt['rng']), None
+    return None, f'the checkpoint was written by {saved_world} process(es), this run has {world_size}'
+
+
+# ---------------------------------------------------------------- devices, precision, memory layout
+def resolve_device(name):
+    if name == 'auto':
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f'unknown --device {name!r} (auto, cpu, cuda, cuda:N)') from None
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f'--device {name} asked for, but no CUDA device is available')
+    return device
+
+
+def keep_freed_memory():
+    """Have glibc keep freed memory for reuse instead of handing it back to the OS (a no-op elsewhere). By default
+    glibc serves blocks over 128 KB from a fresh ``mmap`` (a threshold it may raise as blocks are freed, by an
+    amount that varies between runs) and trims freed heap tops over 128 KB, so work that
+    allocates such temporaries at every operation (the batched augmentation of ``--augment device`` on a CPU,
+    a CPU training step) pays a page fault per 4 KB page at each use: on a 2-core machine a third of the time
+    of ``augment.BatchAugment``. Blocks up to 32 MB now come from the heap and up to 256 MB of freed heap stays
+    mapped (PyTorch's CPU tuning guide recommends jemalloc or tcmalloc for the same reason). Returns whether the
+    setting took effect."""
+    import ctypes
+    import platform
+    if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc':
+        return False
+    try:
+        libc = ctypes.CDLL('libc.so.6')
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 256 << 20))
+
+
+AMP_DTYPES = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how tensors are computed: the device, ``--amp`` (``'none'``, ``'bf16'``, ``'fp16'``),
+    ``--channels_last`` and ``--deterministic``. Built from the options once (``flags.call_hook(Runtime, opt)``,
+    after ``engine.setup`` resolved the device) and handed to the code that moves data or runs models."""
+    device: torch.device
+    amp: str = 'none'
+    channels_last: bool = False
+    deterministic: bool = False
+
+    def autocast(self):
+        """The autocast context for ``--amp``."""
+        dtype = AMP_DTYPES[self.amp]
+        return torch.autocast(device_type=self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """A ``GradScaler``, enabled under ``--amp fp16`` only."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.amp == 'fp16')
+
+    def prepare_model(self, model):
+        """Move to the device (channels-last if asked); cuDNN autotuning on CUDA unless ``--deterministic``."""
+        model = model.to(self.device)
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if self.device.type == 'cuda':
+            torch.backends.cudnn.benchmark = not self.deterministic
+        return model
+
+    def to_device(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` on the device (asynchronously from pinned memory), channels-last if asked."""
+        images = images.to(self.device, non_blocking=True)
+        if self.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images
+
+
+PRECISION = Feature(
+    'precision and memory layout', resume_may_change=('amp', 'channels_last'),
+    flags={'--amp': dict(choices=list(AMP_DTYPES), default='none',
+                         help='mixed precision autocast (losses still compute in float32)'),
+           '--channels_last': dict(action='store_true', help='channels-last memory format')},
+    run_name=lambda amp: f'_{amp}' if amp != 'none' else '')
+
+
+def compile_modules(enabled, *modules):
+    """``--compile``: ``torch.compile`` each module in place (``nn.Module.compile``: its parameter names, and so the
+    checkpoints, stay those of the plain module, which load with or without the flag). Called once a module's copies
+    are made (the key encoder is a copy of the uncompiled model)."""
+    if enabled:
+        for module in modules:
+            module.compile()
+
+
+COMPILE = Feature(
+    'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile',),
+    flags={'--compile': dict(action='store_true',
+                             help='torch.compile the encoder and heads (the first steps compile; checkpoints load '
+                                  'with or without it)')})
+
+
+def set_deterministic(enabled):
+    """``--deterministic``: deterministic algorithms everywhere (``torch.use_deterministic_algorithms``; an
+    operation without one raises), cuDNN deterministic and not autotuned, cuBLAS with a fixed workspace (set
+    before the first CUDA call). The project's own code has no atomic reduction in any case (docs/USAGE.md,
+    "Reproducibility"); this covers the libraries'."""
+    if not enabled:
+        return
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+REPRODUCIBILITY = Feature(
+    'reproducibility', resume_may_change=('deterministic',),
+    flags={'--deterministic': dict(action='store_true',
+                                   help='bit-for-bit reproducible runs and resumes on CUDA too (deterministic '
+                                        'kernels, no cuDNN autotuning; slower): docs/USAGE.md, "Reproducibility"')})

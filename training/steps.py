@@ -1,0 +1,413 @@
+"""What ``main_supcon.py`` (:class:`Pretraining`: any registered method, optionally with CARROT and the memory queue)
+and ``main_ce.py`` (:class:`CETraining`: cross-entropy, optionally with CARROT) train: each is a ``loop.Trainer`` that
+owns its epoch (``train_epoch``: its modules in training mode, ``loop.train_loop`` over its step, what the epoch
+reports) and its evaluation (``evaluate_epoch``); the loop zeroes the gradients before a step and steps the optimizer
+after it.
+
+Each step runs in one of two ways with the same loss code (``Pretraining.loss_from_parts``,
+``CETraining.loss_from_parts``):
+
+- plain: the model on the whole batch, one backward;
+- gradient caching (``--chunk_size N``, ``training/chunks.py``): the encoder per chunk, the loss on the whole
+  batch, the same parameter gradients as the plain step with the memory of one chunk's graph.
+"""
+from collections import defaultdict
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from core.flags import Feature, UserError, call_hook, check
+from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
+from losses_carrot import CARROT, grad_balanced_total_loss
+from methods import METHODS, Method, get_method
+from networks import SupCEResNet, SupConResNet
+from training.chunks import cached_step
+from training.distributed import (
+    all_reduce_grads,
+    all_reduce_sum,
+    broadcast_state,
+    gather,
+    gather_labels,
+    gather_with_grad,
+    wrap_model,
+)
+from training.loop import Optimization, evaluate, train_loop
+from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
+from training.monitors import collapse_statistics
+from training.runtime import Runtime, compile_modules
+from util import accuracy
+
+
+class CarrotTerm:
+    """``--carrot``: the CARROT regularizer (``losses_carrot.CARROT``, its quantiles ``--carrot_q_hi`` /
+    ``--carrot_q_lo``) with the settings of its weight: a fixed ``weight`` (``--carrot_weight``) or the
+    gradient-balanced alpha capped at ``alpha_max`` (``--carrot_alpha_max``)."""
+
+    def __init__(self, q_hi, q_lo, weight=None, alpha_max=1.0):
+        self.carrot, self.weight, self.alpha_max = CARROT(q_hi, q_lo), weight, alpha_max
+
+    def __call__(self, base, h, labels, params=(), scale=None):
+        """``base + alpha * CARROT(h, labels)`` and the step's statistics. ``params``: parameters between ``h`` and
+        ``base`` (head, classifier); ``scale``: the loss scale of the step's backward (``--amp fp16``; the balance
+        takes its gradients of the scaled terms)."""
+        # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
+        reg = self.carrot(gather_with_grad(h), gather_labels(labels, h.device))
+        balance = {}
+        total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=self.weight,
+                                                alpha_max=self.alpha_max, reduce_sum=all_reduce_sum, stats=balance,
+                                                scale=scale)
+        return total, {**{f'carrot/{k}': v for k, v in self.carrot.last_stats.items()}, 'carrot/alpha': alpha,
+                       'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
+
+
+def carrot_term(carrot, carrot_q_hi, carrot_q_lo, carrot_weight, carrot_alpha_max):
+    """The :class:`CarrotTerm` of the command line (``None`` without ``--carrot``): a hook (``flags.call_hook``)."""
+    return CarrotTerm(carrot_q_hi, carrot_q_lo, carrot_weight, carrot_alpha_max) if carrot else None
+
+
+# ---------------------------------------------------------------- stage 1: the pre-training object
+class Pretraining:
+    """What ``main_supcon.py`` trains, built once from ``opt``, and its step.
+
+    Builds the model (``SupConResNet``; on ``opt.device``, wrapped in DDP under torchrun as ``ddp_model``),
+    the method's loss (``criterion``, from the registry in ``methods.py``), ``carrot`` (``--carrot``),
+    the memory ``queue`` and the momentum ``key_encoder`` (``--queue_size``, ``--moco_m``; docs/QUEUE.md).
+    ``checkpointed()`` names the objects whose state travels in checkpoints besides the model.
+
+    ``num_samples``: the training set's size (RASCAL's cache); ``class_counts``: training samples per class (a loss
+    with a classifier of its own: BCL's priors). ``model``: an unprepared ``SupConResNet`` to use instead of a new
+    one (tests put dropout into it). ``monitor``: ``monitor(encoder, epoch) -> metrics`` after each epoch (the kNN
+    monitor, ``knn.knn_monitor``), or none. :meth:`parameters` are what the optimizer trains: the model's and the
+    loss's own (a classifier, prototypes)."""
+
+    def __init__(self, opt, num_samples: int, model: Optional[SupConResNet] = None, class_counts=None, monitor=None):
+        self.runtime = runtime = call_hook(Runtime, opt)
+        self.monitor, self.print_freq, self.desc = monitor, opt.print_freq, opt.method
+        self.epoch_hists = defaultdict(lambda: 0)         # the loss's histogram counts, summed over an epoch
+        self.method: Method = get_method(opt.method)
+        self.chunk_size, self.shuffle_bn_splits = opt.chunk_size, opt.shuffle_bn_splits
+        self.carrot_on = opt.carrot_on
+        if model is None:
+            model = SupConResNet(opt.model, head=opt.head, feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size,
+                                 model_args=opt.model_args)
+        self.model = runtime.prepare_model(model)
+        self.criterion = call_hook(self.method.build, opt, num_samples=num_samples, class_counts=class_counts,
+                                   enc_dim=model.dim).to(runtime.device)
+        broadcast_state(self.model, self.criterion)      # under torchrun every process starts from rank 0's
+        # a copy of the model as it starts (rank 0's), before --syncBN converts its BatchNorm: the key encoder's
+        # statistics stay its own (shuffled BatchNorm, docs/QUEUE.md)
+        self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
+        compile_modules(opt.compile, self.model.encoder, self.model.head)     # after the key encoder's copy
+        self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
+        self.carrot = call_hook(carrot_term, opt)
+        self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The model's parameters, then the loss's own (none for most methods)."""
+        return list(self.model.parameters()) + list(self.criterion.parameters())
+
+    def train_epoch(self, loader, optim: Optimization, epoch: int) -> dict:
+        """One epoch of :meth:`step` over ``loader``; then the loss's work that belongs to an epoch (``end_epoch``).
+        The metrics: the epoch means, and the loss's histograms summed over the epoch (``hist/...``)."""
+        self.ddp_model.train()
+        self.epoch_hists.clear()
+        metrics = train_loop(loader, optim, epoch, self.loop_step, self.desc, self.print_freq)
+        self.criterion.end_epoch()
+        prefix = self.method.stats_prefix
+        metrics.update({f'hist/{prefix}{name}': counts.cpu().clone() for name, counts in self.epoch_hists.items()})
+        return metrics
+
+    def loop_step(self, batch, backward):
+        """``loop.train_loop``'s step: :meth:`step` on a loader's batch ``(views, labels[, ids])``, its histogram
+        counts added to the epoch's."""
+        loss, stats = self.step(*batch, backward=backward)
+        for name, counts in self.criterion.last_hists.items():
+            self.epoch_hists[name] = self.epoch_hists[name] + counts
+        return loss, batch[1].shape[0], stats
+
+    def evaluate_epoch(self, epoch: int) -> dict:
+        """The monitor's metrics after ``epoch`` (the kNN monitor's, on its epochs), else none."""
+        return self.monitor(self.model.encoder, epoch) if self.monitor is not None else {}
+
+    def checkpointed(self) -> dict[str, torch.nn.Module]:
+        """``{key: module}`` of the state saved next to the model: the loss's own state (RASCAL's cache),
+        the queue and the key encoder, where they exist and hold state."""
+        parts = (('criterion', self.criterion), ('queue', self.queue), ('key_encoder', self.key_encoder))
+        return {name: obj for name, obj in parts if obj is not None and obj.state_dict()}
+
+    def step(self, views: list[torch.Tensor], labels: torch.Tensor, ids: Optional[torch.Tensor] = None,
+             backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One step on ``views`` (a list of ``[b, C, H, W]``), ``labels`` ``[b]`` and dataset ``ids`` ``[b]``:
+        computes the loss, calls ``backward(loss)`` (``GradScaler``'s scaled backward in training) and returns
+        ``(loss, statistics)``. Plain or gradient caching (``--chunk_size``). With a queue the loss also
+        contrasts with its keys, and after the backward this step's keys are enqueued.
+
+        ``labels`` and ``ids`` are used where they are: a loader's host tensors stay on the host, where the losses
+        build what depends on their values, so the step never waits for the device (docs/USAGE.md,
+        "Host synchronizations")."""
+        runtime, model = self.runtime, self.model
+        n_views = len(views)
+        # on the device once: the step's forward(s) and the key encoder read the same copies (no-ops when there)
+        views = [v.to(runtime.device, non_blocking=True) for v in views]
+        kept = {}
+        queue_stats = self.queue.statistics(self._global_labels(labels)) if self.queue is not None else {}
+        scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
+
+        def loss_from(h_enc, h_proj):
+            loss, stats, kept['features'] = self.loss_from_parts(h_enc, h_proj, labels, ids, n_views, scale)
+            return loss, stats
+        if self.chunk_size:
+            loss, stats = cached_step(runtime, model, model.head, views, self.chunk_size, loss_from, backward)
+        else:
+            images = device_batch(runtime, views)                       # view-major rows: v * bsz + b
+            with runtime.autocast():
+                h_enc, h_proj = self.ddp_model(images, parts=True)
+            loss, stats = loss_from(h_enc, h_proj)
+            backward(loss)
+            loss = loss.detach()
+        # the loss's own parameters (BCL's, PaCo's classifier): DDP does not see them; the mean over processes
+        all_reduce_grads(self.criterion.parameters())
+        if self.queue is not None:
+            stats.update(queue_stats, **self.enqueue_keys(views, labels, ids, kept['features']))
+        return loss, stats
+
+    def _global_labels(self, labels):
+        return gather_labels(labels, self.runtime.device) if self.method.uses_labels else None
+
+    def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views, scale=None):
+        """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` from the encoder
+        output ``h_enc`` and the projection ``h_proj`` (``[V*b, .]``, view-major rows ``v*b + j``). Under
+        torchrun the loss sees the global batch (samples in rank order); the queue is read as it was before
+        this step. The projection is normalized in float32 whatever the autocast dtype (unit features, queue keys
+        and RASCAL's similarities are not rounded to 16 bits; an all-zero row stays finite). ``scale``: the loss
+        scale of the backward (``--amp fp16``), for CARROT's balance."""
+        method = self.method
+        bsz = labels.shape[0]
+        features = F.normalize(h_proj.float(), dim=1)
+        features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
+        features = gather_with_grad(features)                       # no-op in one process
+        args = (features, self._global_labels(labels))
+        if method.uses_ids:
+            args += (gather_labels(ids, self.runtime.device),)
+        kwargs = {'queue': self.queue.view()} if self.queue is not None else {}
+        if method.uses_encoder_features:       # the global batch's rows, view-major as the features
+            per_sample = torch.stack(torch.split(h_enc, bsz, dim=0), dim=1)      # [bsz, n_views, E]
+            kwargs['h_enc'] = flatten_views(gather_with_grad(per_sample))[0]
+        loss = self.criterion(*args, **kwargs)
+        stats = {f'{method.stats_prefix}{k}': v for k, v in self.criterion.last_stats.items()}
+        # collapse monitors of the global batch (the projections are gathered already)
+        stats.update(collapse_statistics(gather(h_enc.detach()), 'enc'),
+                     **collapse_statistics(features.detach().reshape(-1, features.shape[-1]), 'proj'))
+        if self.carrot is not None:
+            # rows of h are view-major like the images, so labels are repeated (not interleaved)
+            # the parameters between h and the loss: the head's, and the loss's own (a classifier on h_enc)
+            h, params = ((h_enc, [*self.model.head.parameters(), *self.criterion.parameters()])
+                         if self.carrot_on == 'encoder' else (h_proj, ()))
+            loss, carrot_stats = self.carrot(loss, h, labels.repeat(n_views), params, scale)
+            stats.update(carrot_stats)
+        return loss, stats, features.detach()
+
+    @torch.no_grad()
+    def enqueue_keys(self, views, labels, ids, features):
+        """This step's keys into the queue, one per sample of the global batch, with labels and ids: the
+        normalized view mean of the key encoder's features (updated from the model first; shuffled BatchNorm),
+        or of the detached query ``features`` ``[B, V, D]`` without a key encoder. Returns
+        ``queue/key_query_cos`` (with a key encoder)."""
+        runtime = self.runtime
+        queries = sample_keys(features)
+        stats = {}
+        if self.key_encoder is None:
+            keys = queries
+        else:
+            self.key_encoder.update(self.model)
+            images = device_batch(runtime, views)
+
+            def forward(key_model, part):
+                with runtime.autocast():
+                    return key_model(part).float()
+            out = key_features(self.key_encoder.model, images, self.shuffle_bn_splits, forward)   # [V*b, D]
+            keys = gather(sample_keys(torch.stack(torch.split(out, labels.shape[0], dim=0), dim=1)))
+            stats['queue/key_query_cos'] = (keys * queries).sum(1).mean()
+        self.queue.enqueue(keys, gather_labels(labels, runtime.device), gather_labels(ids, runtime.device))
+        return stats
+
+
+# ---------------------------------------------------------------- cross-entropy (main_ce.py)
+class CETraining:
+    """What ``main_ce.py`` trains, built once from ``opt``, and its step: the model (``SupCEResNet``, an
+    encoder and a linear classifier, and with ``--supcon_weight`` a projection head; ``ddp_model`` under
+    torchrun), the loss (``--loss``: cross-entropy, or :class:`losses.LogitAdjustedLoss` from ``class_counts``, the
+    training samples per class), one-stage SupCon (``--supcon_weight w``: ``+ w * SupCon`` of the projections of
+    the batch's views) and ``carrot`` (``--carrot``, on the penultimate features). ``model``: an unprepared
+    ``SupCEResNet`` to use instead of a new one. ``test_loader`` (and ``test_counts``, the training samples per
+    class for the shot groups): the split :meth:`evaluate_epoch` measures after every epoch."""
+
+    def __init__(self, opt, num_classes: int, class_counts=None, model: Optional[SupCEResNet] = None,
+                 test_loader=None, test_counts=None):
+        self.runtime = runtime = call_hook(Runtime, opt)
+        self.num_classes, self.print_freq = num_classes, opt.print_freq
+        self.test_loader, self.test_counts = test_loader, test_counts
+        self.chunk_size = opt.chunk_size
+        if not opt.supcon_weight:          # one view: a batch (or chunk) of one image cannot train BatchNorm
+            per = f'each of the {opt.world_size} processes' if opt.world_size > 1 else 'each step'
+            check(opt.local_batch_size >= 2, f'--batch_size {opt.batch_size} gives {per} one image, and BatchNorm '
+                                             'cannot train on one: use at least 2 per process')
+            check(opt.chunk_size != 1, '--chunk_size 1 puts single images through BatchNorm, which cannot train on '
+                                       'one: use --chunk_size 2 or more (or 0)')
+        # --loss: plain cross-entropy, or the logits shifted by tau log(prior) (priors: class_counts, the training
+        # labels after the long-tail subset and label noise)
+        tau = {'ce': None, 'logit_adjusted': opt.la_tau, 'balanced_softmax': 1.0}[opt.loss]
+        self.criterion = None if tau is None else LogitAdjustedLoss(class_counts, tau).to(runtime.device)
+        self.supcon_weight = opt.supcon_weight
+        self.supcon = SupConLoss(temperature=opt.temp) if opt.supcon_weight else None
+        if model is None:
+            model = SupCEResNet(opt.model, num_classes=num_classes, head=opt.head if self.supcon else None,
+                                feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size, model_args=opt.model_args)
+        self.model = runtime.prepare_model(model)
+        broadcast_state(self.model)                      # under torchrun every process starts from rank 0's
+        compile_modules(opt.compile, *self.model.children())
+        self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
+        self.carrot = call_hook(carrot_term, opt)
+
+    def checkpointed(self) -> dict:
+        """Nothing but the model travels in its checkpoints."""
+        return {}
+
+    def train_epoch(self, loader, optim: Optimization, epoch: int) -> dict:
+        """One epoch of :meth:`step` over ``loader``; the epoch means."""
+        self.ddp_model.train()
+        return train_loop(loader, optim, epoch, self.loop_step, 'CE', self.print_freq)
+
+    def loop_step(self, batch, backward):
+        """``loop.train_loop``'s step: :meth:`step` on a loader's batch ``(images or views, labels)``."""
+        loss, stats = self.step(*batch, backward=backward)
+        return loss, batch[1].shape[0], stats
+
+    def evaluate_epoch(self, epoch: int) -> dict:
+        """Test loss, top-1, ECE, per-class and shot-group accuracy after every epoch (``loop.evaluate``)."""
+        if self.test_loader is None:
+            return {}
+        self.model.eval()
+        return evaluate(self.runtime, self.test_loader, self.model, 'test', self.num_classes, self.test_counts)
+
+    def step(self, images, labels: torch.Tensor,
+             backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One step on ``images`` ``[b, C, H, W]`` (or a list of views, one-stage SupCon) and ``labels`` ``[b]``: as
+        :meth:`Pretraining.step`, without a queue. Returns ``(loss, statistics)``."""
+        runtime = self.runtime
+        views = images if isinstance(images, (list, tuple)) else [images]
+        scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
+
+        def loss_from(h, out):
+            return self.loss_from_parts(h, out, labels, len(views), scale)
+        if self.chunk_size:
+            return cached_step(runtime, self.model, self.model.outputs, views, self.chunk_size, loss_from, backward)
+        with runtime.autocast():
+            h, out = self.ddp_model(device_batch(runtime, views), parts=True)
+        loss, stats = loss_from(h, out)
+        backward(loss)
+        return loss.detach(), stats
+
+    def loss_from_parts(self, h, out, labels, n_views=1, scale=None):
+        """Cross-entropy over every view's logits (``+ w * SupCon`` of the projections, global batch under
+        torchrun; ``+ CARROT`` on the penultimate features ``h``) and statistics, from the encoder output ``h`` and
+        :meth:`SupCEResNet.outputs` ``out`` (view-major rows). ``labels`` where the loader put them (CARROT and
+        SupCon read them on the host)."""
+        logits, proj = out if self.supcon is not None else (out, None)
+        rows = labels.repeat(n_views)
+        on_device = rows.to(logits.device, non_blocking=True)
+        # this process's batch; DDP averages the gradients
+        loss = (self.criterion or cross_entropy)(logits.float(), on_device)
+        stats = {'acc': accuracy(logits, on_device)[0], **collapse_statistics(h, 'enc')}
+        params = list(self.model.fc.parameters())
+        if self.supcon is not None:
+            bsz = labels.shape[0]
+            features = torch.stack(torch.split(F.normalize(proj.float(), dim=1), bsz, dim=0), dim=1)   # [b, V, D]
+            supcon = self.supcon(gather_with_grad(features), gather_labels(labels, self.runtime.device))
+            stats['ce'], stats['supcon'] = loss.detach(), supcon.detach()
+            loss = loss + self.supcon_weight * supcon
+            params += list(self.model.head.parameters())
+        if self.carrot is not None:
+            loss, carrot_stats = self.carrot(loss, h, rows, params, scale)
+            stats.update(carrot_stats)
+        return loss, stats
+
+
+# ---------------------------------------------------------------- the batch on the device
+def device_batch(runtime, views):
+    """The views of a batch as one view-major tensor on the device: each view is copied on its own (from the
+    loader's pinned memory, asynchronously) and concatenated there, not on the host in pageable memory. Views of
+    different sizes (multi-crop: the large ones first) give a list of such tensors, one per run of equal sizes,
+    which the model encodes one by one in a single forward (``SupConResNet.forward``)."""
+    groups = [[views[0]]]
+    for view in views[1:]:
+        if view.shape == groups[-1][0].shape:
+            groups[-1].append(view)
+        else:
+            groups.append([view])
+    batches = [runtime.to_device(torch.cat([v.to(runtime.device, non_blocking=True) for v in group], dim=0))
+               for group in groups]
+    return batches[0] if len(batches) == 1 else batches
+
+
+# ---------------------------------------------------------------- the flags of CARROT, the CE loss, one stage
+def _check_carrot(carrot, carrot_q_lo, carrot_q_hi, carrot_weight, carrot_alpha_max, method_entry, given):
+    check(0 <= carrot_q_lo < carrot_q_hi <= 1,
+          f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {carrot_q_lo} and {carrot_q_hi}')
+    if not carrot:
+        stray = [f for f in ('carrot_on', 'carrot_weight', 'carrot_alpha_max') if f in given]
+        check(not stray, f'--{stray[0] if stray else ""} needs --carrot')
+        return
+    if method_entry is not None and not method_entry.uses_labels:
+        with_labels = ' or '.join(m.name for m in METHODS.values() if m.uses_labels)
+        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {method_entry.name}')
+    check(carrot_weight is None or carrot_weight >= 0, '--carrot_weight must be >= 0')
+    check(carrot_weight is None or 'carrot_alpha_max' not in given,
+          '--carrot_alpha_max caps the balanced weight; with a fixed --carrot_weight it has no effect: give one')
+    check(carrot_alpha_max > 0, f'--carrot_alpha_max must be > 0 (inf: no cap), got {carrot_alpha_max}')
+
+
+CARROT_FLAGS = Feature(
+    'CARROT (docs/CARROT.md)', scripts=('supcon', 'ce'), check=_check_carrot,
+    flags={'--carrot': dict(action='store_true', help='add the CARROT corridor regularizer (needs labels)'),
+           '--carrot_on': dict(choices=['encoder', 'head'], default='encoder', scripts=('supcon',),
+                               help='CARROT on the encoder output or the projection output'),
+           '--carrot_q_hi': dict(type=float, default=0.9, help='CARROT: negative quantile for the lower wall L'),
+           '--carrot_q_lo': dict(type=float, default=0.1,
+                                 help='CARROT: lower negative quantile (U = 1 - (q_hi - q_lo))'),
+           '--carrot_weight': dict(type=float, default=None,
+                                   help='CARROT: a fixed weight instead of gradient balancing (default: balanced)'),
+           '--carrot_alpha_max': dict(type=float, default=1.0, infinite_ok=True,
+                                      help='CARROT: cap on the balanced weight (inf: no cap, the first definition)')},
+    run_name=lambda carrot, carrot_on: ('_carrot' + ('-head' if carrot_on == 'head' else '')) if carrot else '')
+
+
+def _check_ce_loss(loss, la_tau, given):
+    check(loss == 'logit_adjusted' or 'la_tau' not in given,
+          f'--la_tau needs --loss logit_adjusted (balanced_softmax is tau = 1), got --loss {loss}')
+    check(la_tau >= 0, f'--la_tau must be >= 0, got {la_tau}')
+
+
+CE_LOSS = Feature(
+    'the cross-entropy family (docs/USAGE.md, "Long tail")', scripts=('ce',), check=_check_ce_loss,
+    flags={'--loss': dict(choices=['ce', 'logit_adjusted', 'balanced_softmax'], default='ce',
+                          help='ce; logit_adjusted (Menon et al. 2021: logits + la_tau log prior in training); '
+                               'balanced_softmax (Ren et al. 2020: the same with tau 1)'),
+           '--la_tau': dict(type=float, default=1.0, help='logit_adjusted: tau (default 1.0)')},
+    run_name=lambda loss, la_tau: {'ce': '', 'logit_adjusted': f'_la_tau_{la_tau}',
+                                   'balanced_softmax': '_balanced_softmax'}[loss])
+
+
+def _check_one_stage(supcon_weight, given):
+    check(supcon_weight >= 0, f'--supcon_weight must be >= 0, got {supcon_weight}')
+    stray = [f for f in ('temp', 'head', 'feat_dim') if f in given]
+    check(supcon_weight > 0 or not stray, f'--{stray[0] if stray else ""} needs --supcon_weight > 0 in main_ce.py')
+
+
+ONE_STAGE = Feature(
+    'one-stage CE + SupCon (docs/USAGE.md)', scripts=('ce',), check=_check_one_stage,
+    flags={'--supcon_weight': dict(type=float, default=0.0,
+                                   help='one stage: cross-entropy + this weight x SupCon on a projection head over two '
+                                        'views (SupCon\'s augmentation; 0: off)')},
+    run_name=lambda supcon_weight, temp: f'_supcon_{supcon_weight}_temp_{temp}' if supcon_weight else '')
