@@ -14,6 +14,8 @@ from the baseline with their 95 % intervals, per group), ``figure.png`` and ``sw
 state, time and folders). docs/USAGE.md, "Sweeps", has the file's schema.
 """
 import os
+import shlex
+import shutil
 import signal
 import sys
 import time
@@ -124,30 +126,54 @@ def status_table(sweep, cells, now):
                 text += f': {entry.get("last_line", "")[:90]}'
             row.append(text)
         lines.append(f'| {cell.name} | ' + ' | '.join(row) + f' | {shown(cell.folder)} |')
+    return '\n'.join(lines), stage_counts(now)
+
+
+def stage_counts(now):
+    """``'10 stages: 4 done, 2 interrupted, 4 pending'``: the states of the stages ``now`` (one unit: stages)."""
     counts = {}
     for state in now.values():
         counts[state] = counts.get(state, 0) + 1
-    summary = ', '.join(f'{n} {state}' for state, n in sorted(counts.items()))
-    return '\n'.join(lines), summary
+    order = ('done', 'running', 'queued', 'interrupted', 'failed', 'pending')
+    return f'{len(now)} stages: ' + ', '.join(f'{counts[s]} {s}' for s in order if s in counts)
 
 
 # ---------------------------------------------------------------- progress
 class Progress:
-    """Runs done / running / failed / left, time so far and left: a bar on a terminal, a line per event in a log."""
+    """Stages done / running / failed / left, time so far and left: a bar on a terminal, a line per event in a log.
+    The estimate weighs each stage left by the mean time of the finished stages of its kind (a pre-training, an
+    evaluation), scaled by the wall time the finished ones took (so it follows --jobs)."""
 
-    def __init__(self, name, total):
+    def __init__(self, name, stages):
         from tqdm import tqdm
-        self.total, self.start, self.running = total, time.time(), set()
+        self.start, self.running = time.time(), set()
+        self.left = {key: self.kind(key[1]) for key in stages}
+        self.took = {}                       # kind -> [seconds of each finished stage]
         self.counts = {'done': 0, 'failed': 0, 'interrupted': 0}
-        self.bar = tqdm(total=total, desc=f'sweep {name}', unit='run', dynamic_ncols=True, disable=None)
+        self.bar = tqdm(total=len(stages), desc=f'sweep {name}', unit='stage', dynamic_ncols=True, disable=None)
+
+    @staticmethod
+    def kind(stage_name):
+        return 'pretrain' if stage_name == STAGE1 else 'evaluation'
+
+    def eta(self, elapsed):
+        """Seconds left: the work left (each stage its kind's mean; a running one half of it) over the work done,
+        times the wall time so far; ``None`` before a stage finished."""
+        done = sum(sum(t) for t in self.took.values())
+        if not done:
+            return None
+        every = [t for times in self.took.values() for t in times]
+        mean = {k: sum(t) / len(t) for k, t in self.took.items()}
+        work = sum(mean.get(k, sum(every) / len(every)) * (0.5 if key in self.running else 1)
+                   for key, k in self.left.items())
+        return elapsed * work / done
 
     def line(self):
-        finished = self.counts['done'] + self.counts['failed']
         elapsed = time.time() - self.start
-        left = max(0, self.total - finished - self.counts['interrupted'] - len(self.running))
-        eta = f', about {clock(elapsed / finished * (left + len(self.running) / 2))} left' if finished else ''
+        waiting = len(self.left) - len(self.running)
+        eta = self.eta(elapsed)
         return (f'{self.counts["done"]} done, {len(self.running)} running, {self.counts["failed"]} failed, '
-                f'{left} left; {clock(elapsed)} so far{eta}')
+                f'{waiting} left; {clock(elapsed)} so far' + (f', about {clock(eta)} left' if eta is not None else ''))
 
     def __call__(self, kind, cell, stage, **info):
         key = (cell.name, stage.name)
@@ -157,6 +183,9 @@ class Progress:
         else:
             self.running.discard(key)
             self.counts[kind] += 1
+            if kind in ('done', 'failed'):
+                self.left.pop(key, None)
+                self.took.setdefault(self.kind(stage.name), []).append(info.get('seconds') or 0)
             if kind == 'done':
                 self.bar.update(1)
             text = f'{kind}: {cell.name}, {stage.name} ({info.get("seconds") or 0:.0f} s)'
@@ -180,8 +209,12 @@ class Progress:
 def hold(folder):
     """The sweep folder's lock for this process (one sweep call at a time runs a sweep; run_folder.lock_folder); a
     :class:`UserError` naming the holder otherwise."""
-    os.makedirs(folder, exist_ok=True)
-    f, holder = lock_folder(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        f, holder = lock_folder(folder)
+    except OSError as e:
+        raise UserError(f'cannot write the sweep\'s folder {folder} ({e.strerror or e}): give a --save_folder that '
+                        'can be written') from None
     if holder is not None:
         raise UserError(f'{folder} is in use by {holder}: wait for it, or look with --status')
     return f
@@ -242,7 +275,7 @@ def main(argv=None):
     now = states(sweep, cells)
     if args.status or args.dry_run:
         table, summary = status_table(sweep, cells, now)
-        print(f'sweep {sweep.name}: {len(cells)} cells, {summary}; folder {shown(sweep.folder)}')
+        print(f'sweep {sweep.name}: {len(cells)} cells ({summary}); folder {shown(sweep.folder)}')
         print(table)
         if args.dry_run:
             tasks = to_run(cells, now, args.retry_failed)
@@ -252,22 +285,27 @@ def main(argv=None):
                 for stage in stages:
                     if stage.reads is not None:
                         stage.stage1_run = cell.stage(stage.reads).run() or cell.stage(stage.reads).run_folder
-                    print(f'  {cell.name}, {stage.name}: python {" ".join(stage.command())}')
+                    print(f'  {cell.name}, {stage.name}: {shlex.join([sys.executable, *stage.command()])}')
         else:
             for name in ('table.md', 'figure.png', 'sweep.json'):
                 if os.path.isfile(os.path.join(sweep.folder, name)):
                     print(f'{name}: {shown(os.path.join(sweep.folder, name))}')
         return 0
+    if args.launcher == 'slurm':
+        missing = [c for c in ('sbatch', 'squeue', 'scancel') if shutil.which(c) is None]
+        if missing:
+            raise UserError(f'--launcher slurm: SLURM is not here ({", ".join(missing)} not found): run the sweep on '
+                            'a SLURM login node, or use --launcher local')
     lock = hold(sweep.folder)
     with open(os.path.join(sweep.folder, 'sweep_file.yaml'), 'w') as f:
         f.write(sweep.text)               # the file as this call read it
     tasks = to_run(cells, now, args.retry_failed)
     failed_before = [k for k, s in now.items() if s == 'failed' and not args.retry_failed]
     total = sum(len(stages) for _, stages in tasks)
-    print(f'sweep {sweep.name}: {len(cells)} cells; {sum(1 for s in now.values() if s == "done")} runs done, '
-          f'{total} to run' + (f', {len(failed_before)} failed before (--retry-failed runs them)' if failed_before
-                               else '') + f'; folder {shown(sweep.folder)}', flush=True)
-    progress = Progress(sweep.name, total)
+    print(f'sweep {sweep.name}: {len(cells)} cells ({stage_counts(now)}); {total} stages to run'
+          + (f', {len(failed_before)} failed before (--retry-failed runs them)' if failed_before else '')
+          + f'; folder {shown(sweep.folder)}', flush=True)
+    progress = Progress(sweep.name, [(cell.name, stage.name) for cell, stages in tasks for stage in stages])
     code = 0
     try:
         if args.launcher == 'local':
@@ -297,7 +335,7 @@ def main(argv=None):
     finally:
         progress.close()
     now = states(sweep, cells)
-    written = write_results(sweep, cells, now)
+    written, problems = write_results(sweep, sweep.cells, states(sweep, sweep.cells))     # every cell, not --only's
     if lock is not None:
         lock.close()
     failed = [k for k, s in now.items() if s == 'failed']
@@ -307,11 +345,13 @@ def main(argv=None):
         line = sweep_run.read_record(cell.folder).get(stage_name, {}).get('last_line', '')
         print(f'failed: {cell_name}, {stage_name}: {line} (log: '
               f'{shown(os.path.join(cell.folder, stage_name + ".log"))})', file=sys.stderr)
-    print(f'sweep {sweep.name}: {sum(1 for s in now.values() if s == "done")} of {len(now)} runs done'
+    print(f'sweep {sweep.name}: {sum(1 for s in now.values() if s == "done")} of {len(now)} stages done'
           + (f', {len(failed)} failed (--retry-failed runs them again)' if failed else '')
           + (f', {len(left)} not done' if left else '') + '; '
           + ', '.join(f'{name}: {shown(path)}' for name, path in written.items()))
-    return code or (1 if failed or left else 0)
+    for problem in problems:
+        print(f'sweep.py: error: {problem}', file=sys.stderr)
+    return code or (2 if problems else 1 if failed or left else 0)
 
 
 def _interrupt(signum, frame):

@@ -51,6 +51,8 @@ def load_yaml(text):
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == 'tag:yaml.org,2002:merge':       # <<: *anchor (its keys may be overridden)
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise UserError(f'the key {key} is repeated (line {key_node.start_mark.line + 1})')

@@ -56,7 +56,7 @@ def write_record(cell_folder, stage, **entry):
 
 def state(stage, record):
     """What a stage is now: ``done`` (its results.json, or a finished stage 1 recorded as done), ``failed``
-    (recorded), ``running`` (recorded, and its folder's lock is held), ``partial`` (a checkpoint to resume), or
+    (recorded), ``running`` (recorded, and its folder's lock is held), ``interrupted`` (a checkpoint to resume), or
     ``pending``."""
     entry = record.get(stage.name, {})
     if stage.result() or (entry.get('state') == 'done' and stage.checkpoint()):
@@ -65,7 +65,7 @@ def state(stage, record):
         return 'running'
     if entry.get('state') == 'failed':
         return 'failed'
-    return 'partial' if stage.checkpoint() else 'pending'
+    return 'interrupted' if stage.checkpoint() else 'pending'
 
 
 def held(stage):
@@ -138,8 +138,9 @@ def finish_stage(cell, stage, code, log, started, interrupted=False):
         outcome = 'interrupted'
     else:
         outcome = 'failed'
-    write_record(cell.folder, stage.name, state=outcome, exit=code, seconds=round(time.time() - started, 1),
-                 last_line=last_line(log) if outcome != 'done' else '')
+    before = read_record(cell.folder).get(stage.name, {}).get('seconds') or 0     # the earlier attempts'
+    write_record(cell.folder, stage.name, state=outcome, exit=code, seconds=round(before + time.time() - started, 1),
+                 last_line=last_line(log))
     return outcome
 
 

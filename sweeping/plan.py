@@ -11,9 +11,11 @@ rules find.
 """
 import contextlib
 import fnmatch
+import functools
 import io
 import itertools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from config.recipe import load_yaml, tokens
 from config.resume import config_dict, resume_conflicts
 from core.flags import UserError, nearest_flags
 from engine.run import RUN_IDENTITY
+from sweeping.launch import read_record, state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the repository
 SCRIPTS = {'main_supcon.py': 'supcon', 'main_ce.py': 'ce', 'main_linear.py': 'linear'}
@@ -45,6 +48,12 @@ SLURM_KEYS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb
               'array_parallelism', 'setup', 'account', 'qos', 'constraint', 'additional_parameters')
 STAGE1 = 'pretrain'       # the folder of a cell's first stage (pre-training, or main_ce.py's training)
 UNREAD = os.path.join(os.sep, 'stage-1-not-read')    # where an evaluation's --ckpt points while it is planned
+MAX_CELLS = 2000          # a larger grid is refused at once (planning parses every stage: about 10 ms each)
+# What a finished stage's record may differ in from the file and still count as done: where it ran (paths, the
+# process's share of a torchrun batch, the workers a machine's cores allow). Any other difference, --epochs included,
+# means the file now asks for another run than the one that finished: refused (docs/USAGE.md, "Sweeps").
+FREE_WHEN_DONE = {'config', 'save_folder', 'resume', 'run_folder', 'ckpt', 'data_folder', 'num_workers',
+                  'world_size', 'rank', 'local_batch_size'}
 
 
 class SweepError(UserError):
@@ -170,7 +179,7 @@ def read(path, save_folder=None):
         if key not in data:
             raise SweepError(f'{where} {key} is missing ({KEYS[key]})')
     name = data['name']
-    if not isinstance(name, str) or not re.fullmatch(r'[\w.+-]+', name):
+    if not isinstance(name, str) or not re.fullmatch(r'[\w.+-]+', name) or not name.strip('.'):
         raise SweepError(f'{where} name must be a folder name (letters, digits, _ . + -), got {name!r}')
     root = save_folder or data.get('save_folder') or './save'
     folder = os.path.abspath(os.path.join(root, 'sweeps', name))
@@ -180,6 +189,8 @@ def read(path, save_folder=None):
         raise SweepError(f'{where} methods is empty: give at least one (label: {{script: main_supcon.py, ...}})')
     axes = read_axes(data.get('grid') or {}, where)
     seeds = data['seeds']
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > MAX_CELLS:
+        raise SweepError(f'{where} seeds: {seeds} seeds are more cells than a sweep plans ({MAX_CELLS} at most)')
     if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
         seeds = list(range(seeds))
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
@@ -194,6 +205,11 @@ def read(path, save_folder=None):
         if label in evaluations:
             raise SweepError(f'{where} evaluations.{label}: linear is already the evaluation given by linear:')
         evaluations[str(label)] = mapping(flags, f'{where} evaluations.{label}')
+    if STAGE1 in evaluations:
+        raise SweepError(f'{where} evaluations.{STAGE1}: {STAGE1} is the folder of every cell\'s stage 1; give the '
+                         'evaluation another name')
+    if len({folder_part(e) for e in evaluations}) != len(evaluations):
+        raise SweepError(f'{where} evaluations: two names give one folder name ({", ".join(evaluations)})')
     entries = {}
     for label, entry in methods.items():
         entry = dict(mapping(entry, f'{where} methods.{label}'))
@@ -211,11 +227,24 @@ def read(path, save_folder=None):
         if unknown:
             raise SweepError(f'{where} methods.{label}.evaluate: {unknown[0]!r} is not an evaluation of the file '
                              f'({", ".join(evaluations) or "none: add linear: or evaluations:"})')
+        for axis, values in axes.items():
+            shared = sorted({str(k) for flags in values.values() for k in flags} & {str(k) for k in entry})
+            if shared:
+                raise SweepError(f'{where} grid.{axis} sets {shared[0]}, which methods.{label} sets too: every value '
+                                 'of the axis would run the same command; set it in one place')
         entries[str(label)] = (script, entry, list(evaluate))
     if len({folder_part(m) for m in entries}) != len(entries):
         raise SweepError(f'{where} methods: two labels give the same folder name')
+    n_cells = len(entries) * math.prod(len(a) for a in axes.values()) * len(seeds)
+    if n_cells > MAX_CELLS:
+        raise SweepError(f'{where} {n_cells} cells ({len(entries)} methods x '
+                         + ''.join(f'{len(a)} {k} x ' for k, a in axes.items())
+                         + f'{len(seeds)} seeds): more than the {MAX_CELLS} a sweep plans; split it into several files')
     cells = []
     for method, (script, flags, evaluate) in entries.items():
+        for axis, values in axes.items():       # a misspelled flag of an axis is the axis's
+            for value, axis_flags in values.items():
+                argv_of(script, axis_flags, f'{where} grid.{axis}.{value}', only_known=list(base))
         for values in itertools.product(*[list(a.items()) for a in axes.values()]):
             chosen = dict(zip(axes, (label for label, _ in values)))
             stage1_flags = {}
@@ -272,6 +301,8 @@ def read_axes(grid, where):
     """``{axis: {value label: {flag: value}}}`` of ``grid:``; a flag's list of values is an axis of that flag."""
     axes = {}
     for axis, values in mapping(grid, f'{where} grid').items():
+        if str(axis) == 'seed':
+            raise SweepError(f'{where} grid.seed: the seeds are the file\'s seeds:, not an axis of the grid')
         if isinstance(values, list):
             if not values:
                 raise SweepError(f'{where} grid.{axis} is empty: give at least one value')
@@ -287,6 +318,10 @@ def read_axes(grid, where):
         else:
             raise SweepError(f'{where} grid.{axis} must be a list of values or a mapping of named flag sets, got '
                              f'{values!r}')
+        if len({folder_part(label) for label in axes[str(axis)]}) != len(axes[str(axis)]):
+            raise SweepError(f'{where} grid.{axis}: two values give one folder name ({", ".join(axes[str(axis)])})')
+    if len({folder_part(a) for a in axes}) != len(axes):
+        raise SweepError(f'{where} grid: two axes give one folder name ({", ".join(axes)})')
     return axes
 
 
@@ -328,12 +363,17 @@ def read_compare(spec, where, entries, axes, evaluations):
     return tables
 
 
+@functools.lru_cache(maxsize=None)
+def parser_of(script):
+    """``script``'s parser, built once per process (planning reads it for every stage; nothing changes it)."""
+    return build_parser(SCRIPTS[script])
+
+
 def argv_of(script, flags, where, only_known=()):
     """The command-line tokens of ``flags`` for ``script``'s parser. A key the parser does not have is one line
     naming it and the nearest flags, except the keys of ``only_known`` (``base:``'s), which a script without them
     leaves out."""
-    parser = build_parser(SCRIPTS[script])
-    actions = {a.dest: a for a in parser._actions if a.option_strings and a.dest != 'help'}
+    actions = {a.dest: a for a in parser_of(script)._actions if a.option_strings and a.dest != 'help'}
     argv = []
     for key, value in flags.items():
         dest = str(key).replace('-', '_')
@@ -357,7 +397,7 @@ def argv_of(script, flags, where, only_known=()):
 def check_base(base, entries, evaluations, where):
     """A ``base:`` key that no script of the sweep has is a mistake, not a flag to leave out."""
     scripts = {s for s, _, _ in entries.values()} | ({'main_linear.py'} if evaluations else set())
-    known = set().union(*({a.dest for a in build_parser(SCRIPTS[s])._actions} for s in scripts))
+    known = set().union(*({a.dest for a in parser_of(s)._actions} for s in scripts))
     for key in base:
         if str(key).replace('-', '_') not in known:
             near = nearest_flags(str(key), [f'--{k}' for k in known])
@@ -406,7 +446,11 @@ def conflict(stage, cell):
         keys = stage.planned['given'] - {'ckpt', 'save_folder', 'resume'}
         planned = {k: v for k, v in planned.items() if k in keys}
         saved = {k: v for k, v in saved.items() if k in keys}
-    differences = resume_conflicts(saved, planned, holder='the run')
+    if state(stage, read_record(cell.folder)) == 'done':     # finished: any difference but where it ran is another run
+        differences = [f'--{k}: the finished run has {saved[k]!r}, now {planned[k]!r}'
+                       for k in sorted(set(saved) & set(planned) - FREE_WHEN_DONE) if saved[k] != planned[k]]
+    else:
+        differences = resume_conflicts(saved, planned, holder='the run')
     if differences:
         return '; '.join(differences)
     if os.path.abspath(run) != stage.run_folder and stage.reads is None:

@@ -26,7 +26,7 @@ def result_of(cell, evaluation):
 
 
 def groups_of(sweep, table, cells):
-    """``[(group label, [(row label, [(cell, results.json path)])])]`` of one ``compare:`` table."""
+    """``[(group label, [(row label, [(cell, stage name, results.json path)])])]`` of one ``compare:`` table."""
     by = table['by']
     groups = {}
     for cell in cells:
@@ -41,7 +41,8 @@ def groups_of(sweep, table, cells):
             entries = [((f'{cell.method} ' if len(table['methods']) > 1 else '') + s + (f', {rest}' if rest else ''),
                         s) for s in stages]
         for label, evaluation in entries:
-            groups.setdefault(group, {}).setdefault(label, []).append((cell, result_of(cell, evaluation)))
+            stage = evaluation if evaluation and cell.stage(evaluation) else STAGE1
+            groups.setdefault(group, {}).setdefault(label, []).append((cell, stage, result_of(cell, evaluation)))
     return [(g, list(rows.items())) for g, rows in groups.items()]
 
 
@@ -53,17 +54,33 @@ def baseline_label(table, rows):
     return next((label for label, _ in rows if label == base or label.startswith(f'{base}, ')), None)
 
 
+def left_out(missing):
+    """The table's lines for the rows' entries without a result, by why: ``missing`` is ``[(why, entry)]``."""
+    words = {'failed': 'Failed (left out; --retry-failed runs them again)',
+             'done': 'Done without a result of their own (pre-training alone: add linear: or evaluations: to the file '
+                     'to evaluate them)',
+             'unreadable': 'Left out, their results.json cannot be read (cut short?): run them again by deleting it',
+             'pending': 'Not done yet (left out)'}
+    out = []
+    for why, text in words.items():
+        entries = [entry for w, entry in missing if w == why]
+        if entries:
+            out += [f'{text}: {", ".join(entries)}.', '']
+    return out
+
+
 def write_results(sweep, cells, now):
-    """``table.md``, ``figure.png`` (one per further table) and ``sweep.json`` in the sweep's folder; returns their
-    paths (the table and figures only where some cell has a result)."""
+    """``table.md``, ``figure.png`` (one per further table) and ``sweep.json`` in the sweep's folder. Returns their
+    paths (the table and figures only where some cell has a result) and the problems the tables found (a
+    ``compare:`` metric that no result holds), each one line."""
     os.makedirs(sweep.folder, exist_ok=True)
     written = {'sweep.json': os.path.join(sweep.folder, 'sweep.json')}
     lines = [f'# Sweep {sweep.name}', '']
     if sweep.description:
         lines += [sweep.description, '']
     lines += [f'From `{shown(sweep.path)}`, {len(cells)} cells; '
-              f'{sum(1 for s in now.values() if s == "done")} of {len(now)} runs done.', '']
-    figures = []
+              f'{sum(1 for s in now.values() if s == "done")} of {len(now)} stages done.', '']
+    figures, problems = [], []
     for i, table in enumerate(sweep.compare):
         metric = table['metric']
         title = table['name'] if len(sweep.compare) > 1 else None
@@ -72,12 +89,18 @@ def write_results(sweep, cells, now):
             read_rows, missing = [], []
             for label, entries in rows:
                 results = []
-                for cell, path in entries:
+                for cell, stage, path in entries:
+                    state = now.get((cell.name, stage), 'pending')
                     if path is None:
-                        missing.append(f'{label} seed {cell.seed}')
+                        why = state if state in ('failed', 'done') else 'pending'
+                        missing.append((why, f'{label} seed {cell.seed}'))
                         continue
-                    with open(path) as f:
-                        result = json.load(f)
+                    try:
+                        with open(path) as f:
+                            result = json.load(f)
+                    except (OSError, ValueError):
+                        missing.append(('unreadable', f'{label} seed {cell.seed} ({shown(path)})'))
+                        continue
                     if table['train_metrics']:
                         compare.add_training_metrics(path, result, table['train_metrics'])
                     results.append(result)
@@ -87,12 +110,18 @@ def write_results(sweep, cells, now):
             if heading:
                 lines += [f'## {heading}', '']
             if not read_rows:
-                lines += ['No results yet.', '']
+                lines += ['No results yet.', '', *left_out(missing)]
+                continue
+            held = {key for _, results in read_rows for r in results for key in r}
+            if metric not in held:
+                known = sorted(k for k in held if k.startswith('final_'))
+                problems.append(f'{sweep.path}: compare{f" {title}" if title else ""}.metric {metric!r} is in no '
+                                f'result (they hold {", ".join(known) or "none of the final_ metrics"})')
+                lines += [f'No result holds the metric {metric!r}.', *left_out(missing)]
                 continue
             base = baseline_label(table, read_rows)
             lines += [compare.table(read_rows, table['train_metrics'], base, metric), '']
-            if missing:
-                lines += [f'Not done yet (left out): {", ".join(missing)}.', '']
+            lines += left_out(missing)
             panels.append((group, read_rows, base))
         if panels:
             name = 'figure.png' if i == 0 else f'figure_{sweep_plan.folder_part(table["name"])}.png'
@@ -117,7 +146,7 @@ def write_results(sweep, cells, now):
                        for s in cell.stages}})
     with open(written['sweep.json'], 'w') as f:
         json.dump(record, f, indent=2)
-    return written
+    return written, problems
 
 
 def figure(panels, metric, path, title):

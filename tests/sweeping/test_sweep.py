@@ -116,6 +116,19 @@ def test_a_file_expands_into_named_cells_with_their_commands(tmp_path):
     (dict(linear={'imb_factor': '{imb_factor}'}), ['{imb_factor} names a flag that stage 1 does not set']),
     (dict(methods={'SupCon': {'save_folder': 'x'}}), ['save_folder is set by the sweep']),
     (dict(name='a/b'), ['name must be a folder name']),
+    (dict(name='..'), ['name must be a folder name']),
+    (dict(seeds=1000000000000), ['seeds: 1000000000000 seeds are more cells than a sweep plans']),
+    (dict(grid={'a': list(range(40)), 'b': list(range(40))}), ['6400 cells (2 methods x 40 a x 40 b x 2 seeds)',
+                                                              'split it into several files']),
+    (dict(grid={'seed': [1, 2]}), ['grid.seed: the seeds are the file\'s seeds:']),
+    (dict(grid={'learning_rate': [0.1, 0.5]}),
+     ['grid.learning_rate sets learning_rate, which methods.SupCon sets too']),
+    (dict(grid={'setting': {'a b': {'label_granularity': 'fine'}, 'a/b': {'label_granularity': 'coarse'}}}),
+     ['grid.setting: two values give one folder name']),
+    (dict(grid={'setting': {'x': {'lerning_rate': 0.1}}}), ['grid.setting.x: lerning_rate is not a flag']),
+    (dict(evaluations={'pretrain': {'epochs': 1}}), ['evaluations.pretrain: pretrain is the folder of every cell']),
+    (dict(linear=None, evaluations={'a b': {'epochs': 1}, 'a/b': {'epochs': 2}}, compare=None),
+     ['evaluations: two names give one folder name']),
     ('repeated', ['the key seeds is repeated']),
     ('missing', ['not found']),
 ])
@@ -164,20 +177,151 @@ def test_a_cell_whose_flags_changed_after_it_ran_is_refused(tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_a_finished_cell_whose_file_changed_never_counts_as_done(tmp_path):
+    """A stage not yet finished continues under a longer --epochs (a resume may change it); a finished one (its
+    results.json) recorded with another --epochs than the file's is refused in one line naming the flag, not counted
+    as done with the old numbers."""
+    path = mini(tmp_path / 's.yaml')
+    s = read_sweep(path, tmp_path / 'save')
+    run = fake_run(s.cells[0].stages[0], epochs=1)
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
+    assert out.returncode == 0, out.stderr
+    (pathlib.Path(run) / 'results.json').write_text('{}')
+    assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run'),
+                          'the cell SupCon seed 0 (pretrain) ran with other flags',
+                          '--epochs: the finished run has 1, now 2')
+
+
+def fake_results(sweep):
+    """Every stage of ``sweep`` finished, with a results.json of a made-up accuracy."""
+    for i, cell in enumerate(sweep.cells):
+        for stage in cell.stages:
+            if stage.reads is not None:
+                stage.stage1_run = cell.stage(stage.reads).run_folder
+            folder = fake_run(stage)
+            with open(os.path.join(folder, 'results.json'), 'w') as f:
+                json.dump({'final_test_acc': 90.0 + i + len(stage.name), 'final_test_ece': 0.1,
+                           'config': {'seed': cell.seed}}, f)
+
+
+def test_only_runs_a_selection_but_the_outputs_cover_every_cell(tmp_path):
+    """--only picks what runs; table.md and sweep.json still hold every cell, the baseline and its differences."""
+    path = mini(tmp_path / 's.yaml')
+    s = read_sweep(path, tmp_path / 'save')
+    fake_results(s)
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--only', 'CE *')
+    assert out.returncode == 0, out.stderr
+    table = (pathlib.Path(s.folder) / 'table.md').read_text()
+    assert 'SupCon' in table and 'CE' in table and 'paired' in table.lower(), table
+    assert len(json.loads((pathlib.Path(s.folder) / 'sweep.json').read_text())['cells']) == len(s.cells)
+
+
+def test_a_metric_no_result_holds_is_one_line_and_the_outputs_are_written(tmp_path):
+    path = mini(tmp_path / 's.yaml', compare={'baseline': 'SupCon', 'metric': 'final_tset_acc'})
+    s = read_sweep(path, tmp_path / 'save')
+    fake_results(s)
+    out = sweep(path, '--save_folder', tmp_path / 'save')
+    assert_one_line_error(out, "compare.metric 'final_tset_acc' is in no result", 'final_test_acc')
+    assert out.returncode == 2 and (pathlib.Path(s.folder) / 'sweep.json').is_file()
+    assert "No result holds the metric 'final_tset_acc'" in (pathlib.Path(s.folder) / 'table.md').read_text()
+
+
+def test_the_table_says_why_an_entry_is_left_out(tmp_path):
+    """A results.json cut short is left out with its reason (no traceback, every output written); a failed stage is
+    listed as failed; a grid of pre-training alone calls its finished cells done, without a result of their own."""
+    from sweeping import launch as sweep_run
+    path = mini(tmp_path / 's.yaml', seeds=[0, 1, 2])
+    s = read_sweep(path, tmp_path / 'save')
+    fake_results(s)
+    cut = pathlib.Path(s.cells[1].stages[1].result())
+    cut.write_text(cut.read_text()[:20])
+    shutil.rmtree(s.cells[2].stages[1].run())
+    sweep_run.write_record(s.cells[2].folder, 'linear', state='failed', exit=1)
+    out = sweep(path, '--save_folder', tmp_path / 'save')
+    assert 'Traceback' not in out.stderr
+    table = (pathlib.Path(s.folder) / 'table.md').read_text()
+    assert 'cannot be read' in table and 'SupCon seed 1' in table, table
+    assert 'Failed (left out; --retry-failed runs them again): SupCon seed 2.' in table, table
+
+    alone = write(tmp_path / 'p.yaml', name='alone', base=dict(TINY), seeds=[0],
+                  methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}})
+    s = read_sweep(alone, tmp_path / 'save')
+    stage = s.cells[0].stages[0]
+    torch.save({}, os.path.join(fake_run(stage), 'last.pth'))
+    sweep_run.write_record(s.cells[0].folder, 'pretrain', state='done', exit=0)
+    sweep(alone, '--save_folder', tmp_path / 'save')
+    table = (pathlib.Path(s.folder) / 'table.md').read_text()
+    assert 'Done without a result of their own' in table and 'Not done yet' not in table, table
+
+
+def test_yaml_merge_keys_are_read(tmp_path):
+    path = tmp_path / 's.yaml'
+    mini(path)
+    text = path.read_text().replace('methods:\n', 'common: &common {learning_rate: 0.3}\nmethods:\n', 1)
+    path.write_text(text.replace("  SupCon:\n    method: SupCon\n    learning_rate: 0.2\n",
+                                 "  SupCon:\n    <<: *common\n    method: SupCon\n"))
+    with pytest.raises(Exception, match='unknown key .common.'):      # a top-level anchor is still a key
+        read_sweep(path, tmp_path / 'save')
+    path.write_text(text.replace('common: &common {learning_rate: 0.3}\n', '').replace(
+        "  SupCon:\n    method: SupCon\n    learning_rate: 0.2\n",
+        "  SupCon: &supcon\n    method: SupCon\n    learning_rate: 0.2\n  SupCon-lr:\n    <<: *supcon\n"
+        "    learning_rate: 0.5\n"))
+    s = read_sweep(path, tmp_path / 'save')
+    lr = {c.method: c.stages[0].argv[c.stages[0].argv.index('--learning_rate') + 1] for c in s.cells}
+    assert lr == {'SupCon': '0.2', 'SupCon-lr': '0.5', 'CE': '0.1'}
+
+
+def test_where_a_sweep_cannot_start_is_one_line(tmp_path):
+    """A --save_folder that cannot be written (here: under a file) and --launcher slurm where SLURM is not installed:
+    one line each, and nothing written."""
+    path = mini(tmp_path / 's.yaml')
+    (tmp_path / 'file').write_text('')
+    assert_one_line_error(sweep(path, '--save_folder', tmp_path / 'file' / 'save'),
+                          "cannot write the sweep's folder", 'give a --save_folder that can be written')
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--launcher', 'slurm',
+                env={'PATH': os.path.dirname(sys.executable)})
+    assert_one_line_error(out, '--launcher slurm: SLURM is not here', 'sbatch')
+    assert not (tmp_path / 'save' / 'sweeps' / 'mini' / '.lock').exists()
+
+
+def test_the_plan_prints_commands_that_paste_and_the_record_sums_attempts(tmp_path):
+    """--dry-run's commands are shell-quoted with the interpreter that runs the sweep (a folder with a space pastes);
+    a stage's seconds in cell.json add up its attempts, and its log's last line is kept when it is done."""
+    from sweeping import launch as sweep_run
+    path = mini(tmp_path / 's.yaml', seeds=[0])
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'with space', '--dry-run')
+    line = next(x for x in out.stdout.splitlines() if x.startswith('  SupCon seed 0, pretrain: '))
+    import shlex
+    argv = shlex.split(line.split(': ', 1)[1])
+    assert argv[0] == sys.executable and str(tmp_path / 'with space') in argv[argv.index('--save_folder') + 1]
+    s = read_sweep(path, tmp_path / 'save')
+    cell, stage = s.cells[0], s.cells[0].stages[0]
+    log = tmp_path / 'stage.log'
+    log.write_text('epoch 1/2\nmain_supcon.py: interrupted\n')
+    sweep_run.finish_stage(cell, stage, 143, str(log), time.time() - 128)
+    folder = fake_run(stage)
+    (pathlib.Path(folder) / 'last.pth').write_text('')
+    log.write_text('epoch 2/2\ncheckpoint: last.pth\n')
+    sweep_run.finish_stage(cell, stage, 0, str(log), time.time() - 73)
+    entry = sweep_run.read_record(cell.folder)['pretrain']
+    assert entry['state'] == 'done' and 200 <= entry['seconds'] < 203
+    assert entry['last_line'] == 'checkpoint: last.pth'
+
+
 def test_the_plan_and_the_status_say_what_is_done_and_what_will_run(tmp_path):
     """--dry-run and --status run nothing; a stage with its result is done, one with a checkpoint is continued with
     --resume, a failed one waits for --retry-failed."""
     from sweeping import launch as sweep_run
     path = mini(tmp_path / 's.yaml')
     s = read_sweep(path, tmp_path / 'save')
-    done, partial, failed = s.cells[0], s.cells[1], s.cells[2]          # SupCon 0, SupCon 1, CE 0
+    done, stopped, failed = s.cells[0], s.cells[1], s.cells[2]          # SupCon 0, SupCon 1, CE 0
     for stage in done.stages:
         (pathlib.Path(fake_run(stage)) / 'results.json').write_text('{"final_test_acc": 50.0}')
-    (pathlib.Path(fake_run(partial.stages[0])) / 'last.pth').write_text('')
+    (pathlib.Path(fake_run(stopped.stages[0])) / 'last.pth').write_text('')
     sweep_run.write_record(failed.folder, 'pretrain', state='failed', last_line='main_ce.py: error: boom')
     out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
     assert out.returncode == 0, out.stderr
-    assert '| SupCon seed 0 | done | done |' in out.stdout and '| SupCon seed 1 | partial | pending |' in out.stdout
+    assert '| SupCon seed 0 | done | done |' in out.stdout and '| SupCon seed 1 | interrupted | pending |' in out.stdout
     assert '| CE seed 0 | failed: main_ce.py: error: boom |' in out.stdout
     assert 'would run 3 stages' in out.stdout        # SupCon 1 (resumed) and its linear, CE 1
     resumed = [line for line in out.stdout.splitlines() if line.startswith('  SupCon seed 1, pretrain')]
@@ -186,7 +330,7 @@ def test_the_plan_and_the_status_say_what_is_done_and_what_will_run(tmp_path):
     out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run', '--retry-failed')
     assert 'would run 4 stages' in out.stdout
     status = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--status')
-    assert 'sweep mini: 4 cells, 2 done, 1 failed, 1 partial, 2 pending' in status.stdout
+    assert 'sweep mini: 4 cells (6 stages: 2 done, 1 interrupted, 1 failed, 2 pending)' in status.stdout
     assert not (pathlib.Path(s.folder) / 'sweep.json').exists()         # nothing written
 
 
@@ -197,7 +341,7 @@ def test_a_sweep_runs_its_grid_and_a_second_call_redoes_nothing(tmp_path):
     out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 2)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     folder = tmp_path / 'save' / 'sweeps' / 'mini'
-    assert 'sweep mini: 6 of 6 runs done' in out.stdout
+    assert 'sweep mini: 6 of 6 stages done' in out.stdout
     for name in ('table.md', 'figure.png', 'sweep.json', 'sweep_file.yaml'):
         assert (folder / name).is_file(), name
     table = (folder / 'table.md').read_text()
