@@ -22,12 +22,14 @@ import time
 
 from config.cli import error_line
 from core.flags import Parser, UserError
-from engine.run import clock
 from sweeping import launch as sweep_run
 from sweeping import plan as sweep_plan
+from sweeping.launch import shown
 from sweeping.plan import STAGE1
-from sweeping.report import shown, write_results
 from training.run_folder import lock_folder
+
+# What runs a sweep (torch, the scripts' parsers, the table's libraries) is imported where a call runs one, not here:
+# --status reads the folders and records alone, in a second or two.
 
 
 def parse_args(argv):
@@ -169,6 +171,7 @@ class Progress:
         return elapsed * work / done
 
     def line(self):
+        from engine.run import clock
         elapsed = time.time() - self.start
         waiting = len(self.left) - len(self.running)
         eta = self.eta(elapsed)
@@ -269,9 +272,10 @@ def wait_slurm(cells, job_ids, progress, poll_s):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    sweep = sweep_plan.read(args.file, args.save_folder)
+    sweep = sweep_plan.read(args.file, args.save_folder, check=not args.status)
     cells = sweep.select(args.only)
-    sweep_plan.prepare(sweep, cells)
+    if not args.status:
+        sweep_plan.prepare(sweep, cells)
     now = states(sweep, cells)
     if args.status or args.dry_run:
         table, summary = status_table(sweep, cells, now)
@@ -335,6 +339,7 @@ def main(argv=None):
     finally:
         progress.close()
     now = states(sweep, cells)
+    from sweeping.report import write_results
     written, problems = write_results(sweep, sweep.cells, states(sweep, sweep.cells))     # every cell, not --only's
     if lock is not None:
         lock.close()

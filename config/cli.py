@@ -6,8 +6,6 @@ import re
 import signal
 import sys
 
-import torch.distributed as dist
-
 from core.flags import UserError
 from training.run_folder import interrupt_message, release_run_folder
 
@@ -49,6 +47,8 @@ def run_cli(main):
     signal.signal(signal.SIGTERM, _raise_interrupted)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:    # not where SIGINT is ignored (nohup, &)
         signal.signal(signal.SIGINT, _raise_interrupted)
+    import torch.distributed as dist  # here, not at the top: sweep.py --status reads error_line without torch
+
     try:
         main()
     except UserError as e:

@@ -15,7 +15,7 @@ from training.checkpoint import load_checkpoint, load_model_state, save_checkpoi
 from training.distributed import all_gather_object, barrier, init_distributed, is_main, rank, world_size
 from training.loop import Optimization, Trainer
 from training.monitors import CollapseWatch
-from training.run_folder import RUN, hold_run_folder, writable_folder
+from training.run_folder import RUN, RUN_IDENTITY, hold_run_folder, writable_folder
 from training.run_log import RunLogger
 from training.runtime import (
     GENERATORS,
@@ -98,7 +98,6 @@ def prepare_run_folder(opt):
     RUN['folder'] = folder
 
 
-RUN_IDENTITY = 'run.json'        # the experiment a run folder holds: its name in full and its flags
 
 
 def run_identity(opt):

@@ -32,6 +32,12 @@ INTERRUPTED = (130, 143, -signal.SIGTERM, -signal.SIGINT)      # a script stoppe
 
 
 # ---------------------------------------------------------------- the record of a cell
+def shown(path):
+    """A path as a user reads it: relative to here when below here, else absolute."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith('..') else rel
+
+
 def read_record(cell_folder):
     """``{stage: {'state', 'seconds', 'exit', 'last_line', 'attempts', 'slurm_job'?}}`` of a cell, ``{}`` before it
     ran."""

@@ -21,12 +21,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from config.options import build_parser, parse_option
 from config.recipe import load_yaml, tokens
-from config.resume import config_dict, resume_conflicts
 from core.flags import UserError, nearest_flags
-from engine.run import RUN_IDENTITY
 from sweeping.launch import read_record, state
+from training.run_folder import RUN_IDENTITY
+
+# The scripts' parsers (config.options, which imports torch through the features' modules) are imported where a
+# command line is checked, not here: --status reads a sweep's folders without them.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the repository
 SCRIPTS = {'main_supcon.py': 'supcon', 'main_ce.py': 'ce', 'main_linear.py': 'linear'}
@@ -154,9 +155,10 @@ def folder_part(text):
     return re.sub(r'[/\s]+', '_', str(text)).replace('..', '_')
 
 
-def read(path, save_folder=None):
+def read(path, save_folder=None, check=True):
     """The :class:`Sweep` of the file ``path``; :class:`SweepError` (one line naming the file and the entry) for
-    anything it cannot run."""
+    anything it cannot run. ``check=False`` (--status) reads the file's cells and folders only: no stage's flags go
+    through its script's parser (nor is its command line built)."""
     if not os.path.isfile(path):
         raise SweepError(f'{path} not found' if not os.path.isdir(path) else f'{path} is a folder: give a sweep file')
     try:
@@ -242,7 +244,7 @@ def read(path, save_folder=None):
                          + f'{len(seeds)} seeds): more than the {MAX_CELLS} a sweep plans; split it into several files')
     cells = []
     for method, (script, flags, evaluate) in entries.items():
-        for axis, values in axes.items():       # a misspelled flag of an axis is the axis's
+        for axis, values in axes.items() if check else ():      # a misspelled flag of an axis is the axis's
             for value, axis_flags in values.items():
                 argv_of(script, axis_flags, f'{where} grid.{axis}.{value}', only_known=list(base))
         for values in itertools.product(*[list(a.items()) for a in axes.values()]):
@@ -256,15 +258,18 @@ def read(path, save_folder=None):
                                            *([','.join(f'{folder_part(k)}={folder_part(v)}' for k, v in
                                                        chosen.items())] if chosen else []), f'seed_{seed}')
                 stages = [Stage(STAGE1, script, [], os.path.join(cell_folder, STAGE1))]
-                stages[0].argv = argv_of(script, {**base, **stage1_flags, 'seed': seed},
-                                         f'{where} methods.{method}', only_known=list(base))
+                if check:
+                    stages[0].argv = argv_of(script, {**base, **stage1_flags, 'seed': seed},
+                                             f'{where} methods.{method}', only_known=list(base))
                 for evaluation in evaluate:
                     stage = Stage(evaluation, 'main_linear.py', [], os.path.join(cell_folder, folder_part(evaluation)),
                                   reads=STAGE1)
                     at = f'{where} evaluations.{evaluation}'
                     own = {k: from_stage1(v, {**base, **stage1_flags}, f'{at}.{k}')
                            for k, v in evaluations[evaluation].items()}
-                    stage.argv = argv_of('main_linear.py', {**base, **own, 'seed': seed}, at, only_known=list(base))
+                    if check:
+                        stage.argv = argv_of('main_linear.py', {**base, **own, 'seed': seed}, at,
+                                             only_known=list(base))
                     stages.append(stage)
                 cells.append(Cell(method, chosen, seed, cell_folder, stages))
     compare = read_compare(data.get('compare'), where, entries, axes, evaluations)
@@ -274,7 +279,8 @@ def read(path, save_folder=None):
             raise SweepError(f'{where} slurm: unknown key {key!r} (the keys: {", ".join(SLURM_KEYS)})')
     sweep = Sweep(path, name, folder, str(data.get('description') or ''), cells, list(entries), axes,
                   list(evaluations), compare, slurm, text)
-    check_base(base, entries, evaluations, where)
+    if check:
+        check_base(base, entries, evaluations, where)
     return sweep
 
 
@@ -366,6 +372,7 @@ def read_compare(spec, where, entries, axes, evaluations):
 @functools.lru_cache(maxsize=None)
 def parser_of(script):
     """``script``'s parser, built once per process (planning reads it for every stage; nothing changes it)."""
+    from config.options import build_parser
     return build_parser(SCRIPTS[script])
 
 
@@ -413,6 +420,8 @@ def parse(stage, cell, sweep):
     argv = stage.command()[1:]
     if stage.reads is not None:     # parsed before its checkpoint is read (it may not exist yet, or be mid-run)
         argv[argv.index('--ckpt') + 1] = os.path.join(UNREAD, os.path.basename(stage.stage1_run), 'last.pth')
+    from config.options import parse_option
+    from config.resume import config_dict
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -446,6 +455,7 @@ def conflict(stage, cell):
         keys = stage.planned['given'] - {'ckpt', 'save_folder', 'resume'}
         planned = {k: v for k, v in planned.items() if k in keys}
         saved = {k: v for k, v in saved.items() if k in keys}
+    from config.resume import resume_conflicts
     if state(stage, read_record(cell.folder)) == 'done':     # finished: any difference but where it ran is another run
         differences = [f'--{k}: the finished run has {saved[k]!r}, now {planned[k]!r}'
                        for k in sorted(set(saved) & set(planned) - FREE_WHEN_DONE) if saved[k] != planned[k]]

@@ -9,13 +9,8 @@ import time
 import compare
 from sweeping import launch as sweep_run
 from sweeping import plan as sweep_plan
+from sweeping.launch import shown
 from sweeping.plan import STAGE1
-
-
-def shown(path):
-    """A path as a user reads it: relative to here when below here, else absolute."""
-    rel = os.path.relpath(path)
-    return path if rel.startswith('..') else rel
 
 
 def result_of(cell, evaluation):

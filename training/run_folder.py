@@ -12,6 +12,7 @@ from core.flags import UserError
 # The run folder of this process's run, set by ``engine.setup``: an interrupt says how to continue it; the open
 # file of the folder's lock (:func:`hold_run_folder`), closed when the script ends.
 RUN = {'folder': None, 'lock': None}
+RUN_IDENTITY = 'run.json'        # the experiment a run folder holds: its name in full and its flags
 
 
 def lock_folder(folder):

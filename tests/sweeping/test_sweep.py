@@ -334,6 +334,19 @@ def test_the_plan_and_the_status_say_what_is_done_and_what_will_run(tmp_path):
     assert not (pathlib.Path(s.folder) / 'sweep.json').exists()         # nothing written
 
 
+def test_the_status_reads_the_records_without_torch(tmp_path):
+    """--status reads the folders and records alone: neither torch nor a script's parser is imported (a look at a
+    sweep takes a fraction of a second, also on a busy machine)."""
+    path = mini(tmp_path / 's.yaml')
+    code = ('import runpy, sys\n'
+            f'sys.argv = ["sweep.py", {str(path)!r}, "--status", "--save_folder", {str(tmp_path / "save")!r}]\n'
+            'try:\n    runpy.run_path("sweep.py", run_name="__main__")\nexcept SystemExit as e:\n    code = e.code\n'
+            'print("torch" in sys.modules, "config.options" in sys.modules, code)\n')
+    out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.splitlines()[-1] == 'False False 0', out.stdout + out.stderr
+    assert 'sweep mini: 4 cells (6 stages: 6 pending)' in out.stdout
+
+
 # ---------------------------------------------------------------- real grids on digits
 @pytest.mark.slow
 def test_a_sweep_runs_its_grid_and_a_second_call_redoes_nothing(tmp_path):
