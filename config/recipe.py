@@ -127,6 +127,11 @@ def config_argv(path, script, parser, field_defaults, flags_of_scripts):
     from_run = given is not None
     if from_run and data.get('script') not in (None, script):
         raise UserError(f'--config {path} is the run.json of a main_{data["script"]}.py run, not main_{script}.py')
+    if not from_run and 'script' in data:           # a recipe names its script
+        named = data.pop('script')
+        if named != f'main_{script}.py':
+            raise UserError(f'--config {path} is a recipe for {named}, not main_{script}.py: run python {named} '
+                            f'--config {path}')
     if given is False:
         print(f'note: --config {path} was written before run.json recorded the flags given: every value that differs '
               'from the defaults is replayed as if given, the derived ones included', file=sys.stderr)

@@ -41,8 +41,27 @@ def test_every_recipe_parses_and_sets_its_flags(path):
     extra = ['--data_folder', '/data'] + (['--ckpt', '/nowhere/last.pth'] if script == 'linear' else [])
     opt = parse_option(script, ['--config', str(path), *extra])
     for key, value in yaml.safe_load(path.read_text()).items():
+        if key == 'script':                      # every recipe names its script
+            assert value == f'main_{script}.py'
+            continue
         assert getattr(opt, key) == value or key == 'dataset' and opt.dataset == value, key
     assert opt.config == str(path)
+
+
+def test_a_recipe_for_another_script_is_refused_in_one_line():
+    """configs/digits_linear.yaml names main_linear.py: main_supcon.py refuses it, naming the script to run, rather
+    than starting a 10-epoch SupCon run at lr 1."""
+    from helpers import assert_one_line_error, run_in_process
+    for script in ('main_supcon.py', 'main_ce.py'):
+        assert_one_line_error(run_in_process(script, '--config', 'configs/digits_linear.yaml'),
+                              'configs/digits_linear.yaml is a recipe for main_linear.py', f'not {script}',
+                              'run python main_linear.py --config configs/digits_linear.yaml')
+    assert yaml_keys('configs/digits_supcon.yaml')['script'] == 'main_supcon.py'
+
+
+def yaml_keys(path):
+    import yaml
+    return yaml.safe_load((pathlib.Path(ROOT) / path).read_text())
 
 
 def test_the_command_line_overrides_the_file_and_the_file_counts_as_given(tmp_path):
