@@ -19,7 +19,7 @@ import re
 import sys
 
 from config.encoder_options import ENCODER, adopt_stage1_settings, default_stem, encoder_tag
-from config.recipe import config_argv, config_path
+from config.recipe import config_argv, recipe_of
 from core.flags import (
     SCRIPTS,
     HelpFormatter,
@@ -209,7 +209,7 @@ def parse_option(script, argv=None):
     Nothing here touches a device or a process group (``engine.setup(opt)`` does); the only file read is
     main_linear.py's ``--ckpt`` configuration (:func:`adopt_stage1_settings`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    config = config_path(argv)
+    config, source = recipe_of(argv)
     from_file = []
     if config:                               # --config FILE: its flags first, the command line's after them
         from_file = config_argv(config, script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS)
@@ -236,7 +236,7 @@ def parse_option(script, argv=None):
         from_config = given_flags(script, from_file) - given_flags(script, argv[len(from_file):])
         named = [f'--{d}' for d in sorted(from_config) if re.search(rf'--{d}\b', str(e))]
         if named:
-            raise UserError(f'{e} ({", ".join(named)} set by --config {config})') from None
+            raise UserError(f'{e} ({", ".join(named)} set by {source})') from None
         raise
     opt.data_folder = './datasets/' if opt.data_folder is None else opt.data_folder
     opt.num_workers = min(opt.num_workers, os.cpu_count() or 1)

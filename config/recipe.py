@@ -42,6 +42,24 @@ def config_path(argv):
     return paths[0]
 
 
+def recipe_of(argv):
+    """``(file, how messages name it)`` of the flags the command line ``argv`` starts from: its ``--config`` file, or
+    without one the ``run.json`` beside ``--resume``'s checkpoint (a resumed run continues with the flags it was
+    started with; the command line's flags come after them, and the resume rules refuse those that contradict the
+    checkpoint); ``(None, None)`` otherwise, also for a checkpoint without a run.json beside it."""
+    config = config_path(argv)
+    if config:
+        return config, f'--config {config}'
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument('--resume', default='')
+    resume = p.parse_known_args(argv)[0].resume
+    folder = resume if os.path.isdir(resume) else os.path.dirname(resume)
+    record = os.path.join(folder, 'run.json')
+    if resume and os.path.isfile(record):
+        return record, f'the run\'s {record}'
+    return None, None
+
+
 def load_yaml(text):
     """The YAML document ``text`` (``yaml.safe_load``), but a key repeated in one mapping is a :class:`UserError`
     naming it and its line (PyYAML keeps the last one silently). Recipes and sweep files are read with it."""

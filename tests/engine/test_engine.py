@@ -54,6 +54,31 @@ def test_contradicting_resume_is_refused_and_leaves_the_run_untouched(shared_run
 
 
 @pytest.mark.slow
+def test_resume_alone_continues_the_run_with_its_recorded_flags(tmp_path):
+    """``--resume <run>/last.pth`` with no other flag (as the interrupt line advises) continues a run started with
+    non-default flags: the run's run.json gives them, and the result equals the uninterrupted run's. A flag on the
+    command line that contradicts the record is refused, named; one a resume may change (--epochs) is taken."""
+    flags = [*FAST, '--epochs', 2, '--save_freq', 1, '--learning_rate', 0.3, '--temp', 0.2, '--method', 'SimCLR']
+    run_script('main_supcon.py', *flags, '--save_folder', tmp_path / 'a')
+    a = only_run_folder(tmp_path / 'a')
+    crashed = tmp_path / 'crashed'
+    crashed.mkdir()
+    shutil.copy(os.path.join(a, 'ckpt_epoch_1.pth'), crashed / 'last.pth')
+    shutil.copy(os.path.join(a, 'run.json'), crashed / 'run.json')
+    assert_one_line_error(run_in_process('main_supcon.py', '--resume', crashed / 'last.pth', '--temp', 0.5),
+                          '--temp: the checkpoint has 0.2, now 0.5')
+    out = run_script('main_supcon.py', '--resume', crashed / 'last.pth')
+    assert 'epoch 2/2' in out.stdout
+    want, got = load(os.path.join(a, 'last.pth')), load(crashed / 'last.pth')
+    assert got['epoch'] == 2 and all(torch_equal(want['model'][k], v) for k, v in got['model'].items())
+
+
+def torch_equal(a, b):
+    import torch
+    return torch.equal(a, b)
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group('ce')
 def test_a_new_run_never_overwrites_an_existing_one(shared_run, tmp_path):
     from conftest import SHARED_RUNS
