@@ -30,6 +30,7 @@ from training.checkpoint import current_umask, load_checkpoint, run_checkpoint, 
 from training.run_folder import writable_folder
 from training.run_log import read_metrics
 
+ROOT = os.path.dirname(os.path.abspath(__file__))       # this repository (its networks/ for our other models)
 TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name
 CIFAR_STEM = 'model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = torch.nn.Identity()'
 
@@ -51,12 +52,13 @@ def load_instructions(model, stem, img_size, model_args, file):
         if stem == 'cifar':
             steps += CIFAR_STEM + '; '
         return steps + f'model.load_state_dict(safetensors.torch.load_file({file!r}))'
-    return f'networks.build_encoder({model!r}, stem={stem!r}) of this repository, then load_state_dict'
+    return (f'import sys; sys.path.insert(0, {ROOT!r}); import networks; model, _ = networks.build_encoder({model!r}, '
+            f'stem={stem!r}); model.load_state_dict(safetensors.torch.load_file({file!r}))')
 
 
 def commit():
     try:
-        out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=os.path.dirname(os.path.abspath(__file__)),
+        out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT,
                              capture_output=True, text=True, timeout=10)
         return out.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
@@ -84,7 +86,7 @@ def export(ckpt_path, out):
                         'export checkpoints of this project')
     stem, size, model_args = config.get('stem') or 'cifar', config.get('size') or 32, config.get('model_args') or ''
     encoder, dim, state = saved_encoder(ckpt, model, ckpt_path)
-    if model in MODELS:
+    if model in TORCHVISION:
         state = torchvision_keys(state)
     state = {k: v.detach().contiguous() for k, v in state.items()}
     if os.path.exists(out) and not os.path.isdir(out):

@@ -123,6 +123,25 @@ def test_exports_are_readable_by_all_and_the_load_line_works_from_anywhere(tmp_p
         torch.testing.assert_close(scope['model'].eval()(x), model.encoder(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('stem, size', [('cifar', 16), ('imagenet', 64)])
+def test_the_load_line_of_our_own_resnet_works_as_written(tmp_path, monkeypatch, stem, size):
+    """resnet_tiny, which torchvision does not have: the card's load line, run as written from another folder,
+    builds it from this repository and loads every weight; its features are ours."""
+    import safetensors.torch  # noqa: F401  (the load line's names)
+    path, model = saved_run(tmp_path, 'resnet_tiny', stem=stem, size=size)
+    assert run_in_process('export.py', '--ckpt', path, '--out', tmp_path / 'out').returncode == 0
+    card = json.loads((tmp_path / 'out' / 'card.json').read_text())
+    assert card['keys'] == 'this repo'
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    scope = {'torch': torch, 'safetensors': safetensors}
+    exec(card['load'], scope)
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        torch.testing.assert_close(scope['model'].eval()(x), model.encoder.eval()(x), rtol=1e-5, atol=1e-5)
+
+
 def test_a_model_this_timm_cannot_build_and_a_run_folder(tmp_path):
     """A checkpoint naming a timm model (or a model argument) this timm does not have is one line; a run folder
     stands for its last.pth."""
