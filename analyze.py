@@ -46,8 +46,9 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def plot_curves(rows, path):
+def plot_curves(rows, path, title):
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     keys = [k for k in rows[0] if k != 'epoch' and any(r.get(k) for r in rows)]
     if not keys:
         return False
@@ -60,17 +61,20 @@ def plot_curves(rows, path):
         ax.set_title(key, fontsize=8)
         ax.set_xlabel('epoch', fontsize=7)
         ax.set_ylabel(key.rsplit('/', 1)[-1], fontsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))       # epochs are whole
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis('off')
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
 
-def plot_drift(hist_path, path):
+def plot_drift(hist_path, path, title):
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
     with open(hist_path, newline='') as f:
         rows = [r for r in csv.reader(f) if r[0] != 'epoch' and r[1] == 'rascal/rank_drift']
     if not rows:
@@ -81,8 +85,9 @@ def plot_drift(hist_path, path):
     fig, ax = plt.subplots(figsize=(6, 3.5))
     im = ax.imshow(dens.T, origin='lower', aspect='auto', extent=(epochs[0] - 0.5, epochs[-1] + 0.5, 0, 1))
     ax.set_xlabel('epoch')
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel('rank drift (normalized)')
-    ax.set_title('RASCAL rank-drift distribution per epoch')
+    ax.set_title(f'RASCAL rank-drift distribution per epoch\n{title}', fontsize=8)
     fig.colorbar(im, ax=ax, label='fraction of positives')
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -93,7 +98,7 @@ def plot_drift(hist_path, path):
 TSNE_MIN_POINTS = 5     # the perplexity (at least 2 here) must be below the number of points
 
 
-def plot_tsne(feats, colourings, path, seed):
+def plot_tsne(feats, colourings, path, seed, run_title):
     import matplotlib.pyplot as plt
     from sklearn.manifold import TSNE
     xy = TSNE(n_components=2, init='pca', perplexity=min(30.0, max(2.0, (len(feats) - 1) / 3)),
@@ -111,6 +116,7 @@ def plot_tsne(feats, colourings, path, seed):
         ax.set_title(title)
         ax.set_xticks([])
         ax.set_yticks([])
+    fig.suptitle(f't-SNE of test-split encoder features: {run_title}', fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -122,10 +128,15 @@ def plot_kappa(kappas, path, title):
     ax.bar(range(len(kappas)), [min(v, 1e6) for v in kappas.values()])
     ax.set_xlabel('class')
     ax.set_ylabel('kappa_hat')
-    ax.set_title(title)
+    ax.set_title(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def step(text):
+    """One line of progress (the work between two can take minutes on a CPU)."""
+    print(f'analyze: {text}', flush=True)
 
 
 def main(argv=None):
@@ -164,11 +175,14 @@ def main(argv=None):
     runtime = Runtime(opt.device)
     encoder, opt.model = load_encoder(opt.ckpt, opt.model, info.model, runtime)
     transform = build_transform(opt, 'eval')
+    method = config.get('method') or ('CE' if config.get('script') == 'ce' else '?')
+    title = f'{os.path.basename(run)} ({method}, {opt.dataset})'
     summary = [f'# Analysis of `{opt.ckpt}`', '', f'encoder: {opt.model}, dataset: {opt.dataset}'
                + (' (trained on coarse labels)' if coarse else ''), '']
 
     # per-class vMF concentration on the training split (fine labels; coarse too when trained so)
     train_set = build_dataset(opt, True, transform, 'fine')
+    step(f'1/4 encoder features of the {len(train_set)} training images, per-class vMF kappa')
     feats, labels = extract_features(runtime, encoder, build_loader(opt, train_set, train=False))
     feats, labels = feats.cpu(), labels.cpu()
     kappas = {'fine': kappa_hat(feats, labels)}
@@ -182,11 +196,12 @@ def main(argv=None):
         v = np.array(list(k.values()))
         summary.append(f'| {name} | {len(v)} | {v.mean():.2f} | {v.min():.2f} | {v.max():.2f} |')
         plot_kappa(k, os.path.join(out, f'kappa{"" if name == "fine" else "_coarse"}.png'),
-                   f'vMF kappa_hat per {name} class')
+                   f'vMF kappa_hat per {name} class: {title}')
     summary += ['', '![kappa](kappa.png)', '']
 
     # t-SNE of the test split
     test_set = build_dataset(opt, False, transform, 'fine')
+    step(f'2/4 encoder features of the {len(test_set)} test images')
     test_feats, test_labels = extract_features(runtime, encoder, build_loader(opt, test_set, train=False))
     rng = np.random.RandomState(opt.seed)
     keep = np.sort(rng.permutation(len(test_labels))[:opt.max_points])
@@ -199,7 +214,8 @@ def main(argv=None):
         colourings.insert(0, ('coarse class (trained on)', to_coarse[test_labels].tolist(), groups))
     summary += ['## t-SNE of test-split encoder features', '']
     if len(keep) >= TSNE_MIN_POINTS:
-        plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed)
+        step(f'3/4 t-SNE of {len(keep)} test points (minutes for thousands on a CPU)')
+        plot_tsne(test_feats.cpu().numpy()[keep], colourings, os.path.join(out, 'tsne.png'), opt.seed, title)
         summary += [f'{len(keep)} points.', '', '![t-SNE](tsne.png)', '']
     else:
         why = (f't-SNE skipped: the test split has {len(keep)} images, and a map needs at least {TSNE_MIN_POINTS} '
@@ -213,13 +229,14 @@ def main(argv=None):
 
     metrics = os.path.join(run, 'metrics.csv')
     curves = os.path.join(out, 'curves.png')
-    if os.path.exists(metrics) and read_csv(metrics) and plot_curves(read_csv(metrics), curves):
+    step('4/4 RankMe, the training curves, summary.md')
+    if os.path.exists(metrics) and read_csv(metrics) and plot_curves(read_csv(metrics), curves, title):
         rows = read_csv(metrics)
         last = {k: v for k, v in rows[-1].items() if v}
         summary += ['## Training curves', '', f'{len(rows)} epochs; last epoch:', '', '| metric | value |',
                     '| --- | --- |'] + [f'| {k} | {v} |' for k, v in last.items()] + ['', '![curves](curves.png)', '']
     hist = os.path.join(run, 'histograms.csv')
-    if os.path.exists(hist) and plot_drift(hist, os.path.join(out, 'rank_drift.png')):
+    if os.path.exists(hist) and plot_drift(hist, os.path.join(out, 'rank_drift.png'), title):
         summary += ['## RASCAL rank drift', '', '![rank drift](rank_drift.png)', '']
     with open(os.path.join(out, 'summary.md'), 'w') as f:
         f.write('\n'.join(summary))

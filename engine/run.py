@@ -236,7 +236,8 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
 
 
 # what the epoch line shows (everything is in metrics.csv and TensorBoard): the loss, accuracies, the learning rate
-SHOWN = ('train/loss', 'train/acc', 'train/lr', 'val/acc', 'test/acc', 'knn/acc', 'train/amp/skipped')
+SHOWN = {'train/loss': 'loss', 'train/acc': 'train acc', 'train/lr': 'lr', 'val/acc': 'val acc',
+         'test/acc': 'test acc', 'knn/acc': 'kNN acc', 'train/amp/skipped': 'fp16 skipped'}   # key -> its label
 
 
 def clock(seconds):
@@ -249,7 +250,7 @@ def clock(seconds):
 def epoch_line(epoch, epochs, scalars, elapsed, left):
     """One short line per epoch: its time, the run's elapsed time and an estimate of what is left, the :data:`SHOWN`
     metrics and the encoder's collapse statistics in brief (the rest: metrics.csv, TensorBoard)."""
-    shown = ', '.join(f'{k.split("/", 1)[1]} {scalars[k]:.4g}' for k in SHOWN if k in scalars)
+    shown = ', '.join(f'{label} {scalars[k]:.4g}' for k, label in SHOWN.items() if k in scalars)
     collapse = [f'{name} {scalars[f"train/collapse/{name}_enc"]:.3g}' for name in ('z_std', 'cos')
                 if f'train/collapse/{name}_enc' in scalars]
     if collapse:

@@ -28,6 +28,8 @@ def test_analyze_writes_plots_and_summary(coarse_rascal_run, tmp_path):
     out = run_script('analyze.py', '--ckpt', os.path.join(coarse_rascal_run, 'last.pth'), '--out', tmp_path / 'a',
                      '--max_points', 200)
     assert 'analysis written' in out.stdout
+    steps = [line for line in out.stdout.splitlines() if line.startswith('analyze: ')]
+    assert [line.split()[1] for line in steps] == ['1/4', '2/4', '3/4', '4/4'], out.stdout     # progress as it goes
     files = set(os.listdir(tmp_path / 'a'))
     assert {'kappa.png', 'kappa_coarse.png', 'tsne.png', 'curves.png', 'rank_drift.png', 'summary.md'} <= files
     for name in files - {'summary.md'}:
@@ -72,12 +74,18 @@ def test_plots_have_legends_and_axis_labels(tmp_path, monkeypatch):
     rng = np.random.RandomState(0)
     analyze.plot_tsne(rng.randn(40, 5), [('coarse class (trained on)', [i % 2 for i in range(40)], ['0, 2', '1, 3']),
                                          ('class', [i % 4 for i in range(40)], ['zero', 'one', 'two', 'three'])],
-                      str(tmp_path / 't.png'), 0)
+                      str(tmp_path / 't.png'), 0, 'run_x (SupCon, digits)')
+    assert 'run_x (SupCon, digits)' in figures[0]._suptitle.get_text()
     legends = [ax.get_legend() for ax in figures[0].axes]
     assert [[t.get_text() for t in legend.get_texts()] for legend in legends] == [['0, 2', '1, 3'],
                                                                                    ['zero', 'one', 'two', 'three']]
     assert legends[1].get_title().get_text() == 'class'
     analyze.plot_curves([{'epoch': '1', 'train/loss': '2.0', 'knn/acc': ''}, {'epoch': '2', 'train/loss': '1.5',
-                                                                             'knn/acc': '90'}], str(tmp_path / 'c.png'))
+                                                                             'knn/acc': '90'}], str(tmp_path / 'c.png'),
+                        'run_x (SupCon, digits)')
     used = [ax for ax in figures[1].axes if ax.get_title()]
     assert [ax.get_xlabel() for ax in used] == ['epoch', 'epoch'] and used[0].get_ylabel() == 'loss'
+    figures[1].canvas.draw()
+    ticks = [t for t in used[0].get_xticks() if 1 <= t <= 2]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks      # whole epochs, not 1.2 and 1.4
+    assert figures[1]._suptitle.get_text() == 'run_x (SupCon, digits)'

@@ -119,6 +119,9 @@ def test_the_lines_a_run_prints(tmp_path):
     assert 'proj' not in epochs[0]
     rows = read_metrics(only_run_folder(tmp_path))
     assert {'train/collapse/z_std_proj', 'train/collapse/cos_proj', 'train/data_time'} <= set(rows[-1])
+    ce = run_script('main_ce.py', *FAST, '--epochs', 1, '--save_folder', tmp_path / 'ce').stdout
+    line = next(line for line in ce.splitlines() if line.startswith('epoch 1/1'))
+    assert re.search(r': loss [\d.]+, train acc [\d.]+, lr [\d.]+, test acc [\d.]+', line), line   # each labelled
 
 
 @pytest.mark.slow
