@@ -14,6 +14,8 @@ Writes PNG files and ``summary.md`` to ``<run>/analysis/`` (or ``--out``):
 import csv
 import os
 
+import core.requirements  # noqa: F401  (first: a Python without the requirements gets one line)
+
 import numpy as np
 import torch
 

@@ -26,6 +26,8 @@ import math
 import os
 import sys
 
+import core.requirements  # noqa: F401  (first: a Python without the requirements gets one line)
+
 from config.cli import run_cli
 from core.flags import Parser, UserError
 from training.monitors import CollapseWatch

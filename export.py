@@ -20,6 +20,8 @@ import json
 import os
 import subprocess
 
+import core.requirements  # noqa: F401  (first: a Python without the requirements gets one line)
+
 import torch
 
 from config.cli import run_cli

@@ -4,6 +4,8 @@ and ECE (of the plain logits).
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
+import core.requirements  # noqa: F401  (first: a Python without the requirements gets one line)
+
 from config.cli import run_cli
 from config.options import parse_option
 from core.flags import call_hook

@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+import core.requirements  # noqa: F401  (first: a Python without the requirements gets one line)
+
 import numpy as np
 import torch
 

@@ -5,6 +5,8 @@ NT-Logistic or Marginal Triplet (--simclr_loss).
     python main_supcon.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.2 --temp 0.1 --cosine
     python main_supcon.py --method RASCAL --rascal_weighting agreement ...
 """
+import core.requirements  # noqa: F401  (first: a Python without the requirements gets one line)
+
 from config.cli import run_cli
 from config.options import parse_option
 from core.flags import call_hook

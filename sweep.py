@@ -20,6 +20,8 @@ import signal
 import sys
 import time
 
+import core.requirements  # noqa: F401  (first: a Python without the requirements gets one line)
+
 from config.cli import error_line
 from core.flags import Parser, UserError
 from sweeping import launch as sweep_run
