@@ -19,6 +19,7 @@ gone from ``squeue`` without a record of its end is reported as failed, with its
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -125,12 +126,13 @@ def start_stage(cell, stage, env, rank=0):
     command = stage.command()
     attempts = read_record(cell.folder).get(stage.name, {}).get('attempts', 0) + 1
     with open(log, 'a') as f:
-        f.write(f'\n{ATTEMPT} {attempts}, {time.strftime("%Y-%m-%d %H:%M:%S")}: python {" ".join(command)}\n')
+        started = time.strftime('%Y-%m-%d %H:%M:%S')
+        f.write(f'\n{ATTEMPT} {attempts}, {started}: {shlex.join([sys.executable, *command])}\n')
         f.flush()
         proc = subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=_die_with_parent)
     if rank == 0:
-        write_record(cell.folder, stage.name, state='running', attempts=attempts, command=['python', *command],
+        write_record(cell.folder, stage.name, state='running', attempts=attempts, command=[sys.executable, *command],
                      log=log, started=time.time(), **({'slurm_job': os.environ['SLURM_JOB_ID']}
                                                       if 'SLURM_JOB_ID' in os.environ else {}))
     return proc, log, time.time()

@@ -144,17 +144,38 @@ def write_results(sweep, cells, now):
     return written, problems
 
 
+def metric_range(metric):
+    """``(low, high)`` a metric can take (``None``: no bound): accuracies in %, ECE in [0, 1], NLL >= 0."""
+    if metric.endswith('_acc') or metric.endswith('/acc'):
+        return 0.0, 100.0
+    if metric.endswith('_ece'):
+        return 0.0, 1.0
+    if metric.endswith('_nll'):
+        return 0.0, None
+    return None, None
+
+
+COLOURS = {'tab:green': 'paired 95 % CI of the difference above 0', 'tab:red': 'paired 95 % CI below 0',
+           'tab:grey': 'paired 95 % CI includes 0'}
+
+
 def figure(panels, metric, path, title):
     """Each row's ``metric`` (mean and its 95 % t interval over seeds), one panel per group; the baseline's mean as a
-    dashed line, each other row coloured by its paired difference from it (interval above 0: green, below: red)."""
+    dashed line, each other row coloured by its paired difference from it, the difference and its interval written
+    in the right margin. A legend explains the colours; the axis stays within what the metric can take, and an
+    interval that reaches past it is drawn to the edge and marked with an arrow."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from scipy.stats import t
-    height = max(2.5, 0.32 * max(len(rows) for _, rows, _ in panels) + 1.2)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels) + 2, height), squeeze=False, sharey=True)
+    low, high = metric_range(metric)
+    height = max(2.8, 0.34 * max(len(rows) for _, rows, _ in panels) + 1.8)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 2, height), squeeze=False, sharey=True)
+    used = set()
     for ax, (group, rows, base) in zip(axes[0], panels):
         labels = [label for label, _ in rows]
+        points = []
         for y, (label, results) in enumerate(rows):
             values = [r[metric] for r in results if metric in r]
             if not values:
@@ -164,33 +185,48 @@ def figure(panels, metric, path, title):
             colour, n = 'black', 0
             if base is not None and label != base:
                 n, diff, dhalf = compare.paired_difference(results, dict(rows)[base], metric)
-                if dhalf is not None and diff - dhalf > 0:
-                    colour = 'tab:green'
-                elif dhalf is not None and diff + dhalf < 0:
-                    colour = 'tab:red'
-                else:
-                    colour = 'tab:grey'
-            ax.errorbar(mean, y, xerr=half, fmt='o', color=colour, capsize=3)
+                colour = ('tab:green' if dhalf is not None and diff - dhalf > 0 else
+                          'tab:red' if dhalf is not None and diff + dhalf < 0 else 'tab:grey')
+                used.add(colour)
+            points.append((y, mean, half, colour))
             if base is not None and label != base and n:
                 ax.annotate(f'{diff:+.2f}' + (f' [{diff - dhalf:+.2f}, {diff + dhalf:+.2f}]' if dhalf else ''),
-                            (mean, y), textcoords='offset points', xytext=(0, 6), ha='center', fontsize=7,
-                            color=colour)
+                            xy=(1.02, y), xycoords=('axes fraction', 'data'), ha='left', va='center', fontsize=7,
+                            color=colour, annotation_clip=False)
+        lo = min(m - h for _, m, h, _ in points) if points else 0
+        hi = max(m + h for _, m, h, _ in points) if points else 1
+        pad = 0.05 * (hi - lo or 1)
+        left = lo - pad if low is None else max(low, lo - pad)
+        right = hi + pad if high is None else min(high, hi + pad)
+        for y, mean, half, colour in points:
+            a, b = max(mean - half, left), min(mean + half, right)
+            ax.errorbar(mean, y, xerr=[[mean - a], [b - mean]], fmt='o', color=colour, capsize=3)
+            for end, cut, mark in ((a, mean - half < left, '<'), (b, mean + half > right, '>')):
+                if cut:                                   # the interval goes on past what the metric can take
+                    ax.plot(end, y, marker=mark, color=colour, markersize=6, clip_on=False)
+        ax.set_xlim(left, right)
         if base is not None:
             values = [r[metric] for r in dict(rows)[base] if metric in r]
             if values:
-                ax.axvline(sum(values) / len(values), color='black', linestyle='--', linewidth=0.8,
-                           label=f'{base} (baseline)')
-                ax.legend(fontsize=7, loc='lower left')
+                ax.axvline(sum(values) / len(values), color='black', linestyle='--', linewidth=0.8)
         ax.set_yticks(range(len(labels)))
         ax.set_yticklabels(labels, fontsize=8)
         name = dict((c[0], c[1]) for c in compare.COLUMNS).get(metric, metric)
         ax.set_xlabel(f'{name}: mean and 95 % CI over seeds', fontsize=8)
-        ax.set_title(group or title, fontsize=9)
+        ax.set_title(group or '', fontsize=9)
         ax.grid(axis='x', alpha=0.3)
     axes[0][0].invert_yaxis()           # shared: the first row on top, once
-    fig.suptitle(f'{title}: green / red = paired 95 % CI of the difference from the baseline above / below 0 (the '
-                 'numbers: that difference)' if any(
-        b for _, _, b in panels) else title, fontsize=9)
-    fig.tight_layout()
+    handles = []
+    if any(b for _, _, b in panels):
+        handles.append(Line2D([], [], color='black', linestyle='--', linewidth=0.8, label='the baseline\'s mean'))
+        handles += [Line2D([], [], color=c, marker='o', linestyle='', label=text) for c, text in COLOURS.items()
+                    if c in used]
+        handles.append(Line2D([], [], color='none', label='right: the paired difference [95 % CI]'))
+    if any(h.get_marker() in ('<', '>') for ax in axes[0] for h in ax.lines):
+        handles.append(Line2D([], [], color='black', marker='>', linestyle='', label='interval past the axis\'s end'))
+    if handles:
+        fig.legend(handles=handles, loc='lower center', ncol=min(3, len(handles)), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.12 if handles else 0, 0.9, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)

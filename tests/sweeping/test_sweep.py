@@ -548,3 +548,33 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
                    cwd=ROOT, env=script_env(), check=True, capture_output=True, timeout=300)
     assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'),
                             os.path.join(run_folder(tmp_path / 'torchrun'), 'last.pth'))
+
+
+def test_the_figure_explains_its_colours_and_keeps_to_what_the_metric_can_take(tmp_path, monkeypatch):
+    """A legend says what the colours, the dashed line and the numbers are; with 2 seeds (t = 12.7) the accuracy axis
+    stays within 0..100, the intervals drawn to its ends and marked; the differences sit in the right margin, off
+    the baseline's line; the title fits the figure."""
+    import matplotlib
+    matplotlib.use('Agg')
+    from matplotlib.figure import Figure
+
+    from sweeping.report import figure
+    figures = []
+    monkeypatch.setattr(Figure, 'savefig', lambda fig, *a, **k: figures.append(fig))
+    runs = {'SupCon': [60.0, 99.0], 'Better': [70.0, 99.9], 'Worse': [10.0, 60.0]}
+    rows = [(label, [{'final_test_acc': v, 'config': {'seed': s}} for s, v in enumerate(values)])
+            for label, values in runs.items()]
+    figure([('', rows, 'SupCon')], 'final_test_acc', str(tmp_path / 'f.png'), 'a sweep with a long name ' * 3)
+    fig = figures[0]
+    ax = fig.axes[0]
+    left, right = ax.get_xlim()
+    assert 0 <= left and right <= 100
+    assert any(line.get_marker() in ('<', '>') for line in ax.lines)          # an interval cut at the axis's end
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "the baseline's mean" in texts and 'paired 95 % CI includes 0' in texts
+    assert "interval past the axis's end" in texts
+    notes = [a for a in ax.texts if a.get_text().startswith(('+', '-'))]
+    assert notes and all(a.xy[0] > 1 for a in notes)           # in the margin (axes fraction), not on the data
+    fig.canvas.draw()
+    box, whole = fig._suptitle.get_window_extent(), fig.bbox
+    assert whole.x0 <= box.x0 and box.x1 <= whole.x1
