@@ -30,12 +30,29 @@ def script_env(**extra):
             **extra}
 
 
+def machine_slack():
+    """How much slower than an idle machine this one runs now: 1 plus its load per core (the 1-minute load average,
+    read at each call), at least ``SUITE_SLACK`` where that is set (a machine known to be slow). The end-to-end
+    tests' time limits are multiplied by it, as the GPU check's bounds are (``--slack auto``), so a busy machine makes
+    a run slow, not a failure."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        load = 0.0
+    return max(1.0 + load, float(os.environ.get('SUITE_SLACK') or 1))
+
+
+def scaled(seconds):
+    """A time limit of ``seconds`` on an idle machine, scaled to this one now (:func:`machine_slack`)."""
+    return seconds * machine_slack()
+
+
 def run_script(script, *args, check=True, timeout=600):
     """Run ``python <script> args`` in the repo root; returns a ``CompletedProcess`` (``returncode``, ``stdout``,
     ``stderr``). The script runs in a process of its own (:func:`start_script`)."""
     proc = start_script(script, args)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=scaled(timeout))
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGKILL)        # a Popen's child outlives its timeout otherwise
         proc.communicate()

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, script_env
+from helpers import ROOT, scaled, script_env
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +29,6 @@ RUNS = {
 @pytest.mark.parametrize('name', sorted(RUNS))
 def test_benchmark_runs(name):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', f'{name}.py'), *RUNS[name]], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=script_env())
+                          capture_output=True, text=True, timeout=scaled(600), env=script_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip()

@@ -8,7 +8,7 @@ import pytest
 
 from config.options import parse_option
 from core.flags import UserError
-from helpers import FAST, ROOT, load, only_run_folder, read_metrics, script_env
+from helpers import FAST, ROOT, load, only_run_folder, read_metrics, scaled, script_env
 from methods import METHODS, Method, register
 
 TOY = '''
@@ -52,7 +52,7 @@ def test_a_registered_method_trains_through_the_real_script(tmp_path):
             *map(str, FAST)]
     env = script_env(PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
     proc = subprocess.run([sys.executable, '-c', code, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
+                          timeout=scaled(600), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run_folder(tmp_path / 'runs')
     assert os.path.basename(run).startswith('Toy_digits_resnet_tiny')
@@ -63,7 +63,7 @@ def test_a_registered_method_trains_through_the_real_script(tmp_path):
     assert ckpt['config']['toy_weight'] == 2.0
     # a flag of another method is refused
     bad = subprocess.run([sys.executable, '-c', code, '--method', 'SupCon', '--toy_weight', '1'], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600, env=env)
+                         capture_output=True, text=True, timeout=scaled(600), env=env)
     assert bad.returncode == 2 and '--toy_weight needs --method Toy' in bad.stderr
 
 

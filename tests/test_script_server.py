@@ -52,3 +52,14 @@ def test_an_exception_a_signal_and_a_timeout(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         run_script(sleeper, timeout=1)
     assert run_script(write(tmp_path, 'ok.py', 'print("after")\n')).stdout == 'after\n'     # still in step
+
+
+def test_time_limits_grow_with_the_machine_s_load(monkeypatch):
+    """The end-to-end tests' limits follow the machine: twice the limit at one busy process per core, and at least
+    SUITE_SLACK times it where that is set."""
+    import helpers
+    monkeypatch.setattr(helpers.os, 'getloadavg', lambda: (float(os.cpu_count() or 1), 0.0, 0.0))
+    monkeypatch.delenv('SUITE_SLACK', raising=False)
+    assert helpers.scaled(600) == 1200
+    monkeypatch.setenv('SUITE_SLACK', '3')
+    assert helpers.scaled(600) == 1800

@@ -19,6 +19,7 @@ from helpers import (
     read_metrics,
     run_in_process,
     run_script,
+    scaled,
     script_env,
     signal_after_first_checkpoint,
 )
@@ -172,7 +173,7 @@ def run_with_full_disk(from_save, tmp_path, epochs=3):
     from the ``from_save``-th checkpoint on."""
     return subprocess.run([sys.executable, '-c', DISK_FULL_FROM,
                            *map(str, ['--epochs', epochs, *FAST, '--save_folder', tmp_path])],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, capture_output=True, text=True, timeout=scaled(600),
                           env=script_env(PYTHONPATH=ROOT, DISK_FULL_FROM=str(from_save)))
 
 
@@ -321,7 +322,7 @@ def test_two_runs_started_at_once_on_one_folder(tmp_path):
                                                                            '--save_folder', tmp_path])]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=script_env()) for _ in range(2)]
-    done = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    done = [(p.wait(timeout=scaled(600)), p.stderr.read()) for p in procs]
     assert sorted(code for code, _ in done) == [0, 2], done
     err = next(e for code, e in done if code == 2).strip().splitlines()
     assert len(err) == 1 and ('is in use by pid' in err[0] or 'already holds a run' in err[0]), err

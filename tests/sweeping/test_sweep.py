@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import ROOT, assert_one_line_error, load, make_fake_cifar, run_in_process, run_script, script_env
+from helpers import ROOT, assert_one_line_error, load, make_fake_cifar, run_in_process, run_script, scaled, script_env
 
 TINY = {'dataset': 'digits', 'batch_size': 128, 'num_workers': 0, 'print_freq': 1000, 'size': 8, 'augment': 'device',
         'device': 'cpu', 'cosine': True, 'epochs': 2}
@@ -47,7 +47,7 @@ def read_sweep(path, save):
 def sweep(*args, env=None, timeout=900):
     """``python sweep.py args`` in a process of its own (environment: the suite's, plus ``env``)."""
     return subprocess.run([sys.executable, 'sweep.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**script_env(), **(env or {})})
+                          timeout=scaled(timeout), env={**script_env(), **(env or {})})
 
 
 def records(folder):
@@ -516,7 +516,7 @@ def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
     while time.time() < deadline and 'BeginTime' not in slurm.run('squeue', '-h', '-o', '%r', '-j', job).stdout:
         time.sleep(0.2)
     slurm.run('scontrol', 'update', f'JobId={job}', 'StartTime=now')
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=scaled(300))
     assert proc.returncode == 0, out[-3000:]
     log = (cell / 'pretrain.log').read_text()
     assert 'attempt 2' in log and 'resumed from' in log and 'interrupted' in log
@@ -545,7 +545,7 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
     command = json.loads((cell / 'cell.json').read_text())['stages']['pretrain']['command'][1:]
     command[command.index('--save_folder') + 1] = str(tmp_path / 'torchrun')
     subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2', *command],
-                   cwd=ROOT, env=script_env(), check=True, capture_output=True, timeout=300)
+                   cwd=ROOT, env=script_env(), check=True, capture_output=True, timeout=scaled(300))
     assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'),
                             os.path.join(run_folder(tmp_path / 'torchrun'), 'last.pth'))
 

@@ -18,6 +18,7 @@ from helpers import (
     method_modes,
     only_run_folder,
     read_metrics,
+    scaled,
     script_env,
     step_batch,
     take_steps,
@@ -249,7 +250,7 @@ def torchrun(script, *args, check=True):
     env = script_env(OMP_NUM_THREADS='1')
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(WORLD),
            '--master_port', str(free_port()), script, *map(str, args)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=scaled(600), env=env)
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -361,7 +362,7 @@ def test_a_dead_peer_gives_the_survivor_one_line(tmp_path):
         time.sleep(0.05)
     assert victim is not None
     os.kill(victim, signal.SIGKILL)
-    _, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=scaled(300))
     assert proc.returncode != 0
     ours = [line for line in err.splitlines() if line.startswith('main_supcon.py:')]
     # rank 0 either meets the dead peer in a collective, or torchrun's SIGTERM reaches it first

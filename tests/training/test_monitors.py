@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from helpers import CPU_AUGMENT, FAST, only_run_folder, read_metrics, run_script, unit
+from helpers import CPU_AUGMENT, FAST, only_run_folder, read_metrics, run_script, scaled, unit
 from training.monitors import CollapseWatch, collapse_statistics, rankme
 
 
@@ -82,7 +82,8 @@ def test_the_demo_runs_and_stays_silent(tmp_path):
     import subprocess
 
     from helpers import ROOT, script_env
-    proc = subprocess.run(['bash', 'scripts/demo.sh', '0'], cwd=ROOT, capture_output=True, text=True, timeout=900,
+    proc = subprocess.run(['bash', 'scripts/demo.sh', '0'], cwd=ROOT, capture_output=True, text=True,
+                          timeout=scaled(900),
                           env=script_env(PRETRAIN_EPOCHS='2', LINEAR_EPOCHS='1', DEMO_OUT=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'warning:' not in proc.stdout and 'warning:' not in proc.stderr
