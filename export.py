@@ -16,6 +16,7 @@ writes into ``--out``:
 
 A run that is not finished is exported with a line and ``"finished": false`` in the card; bad input is one line.
 """
+import glob
 import json
 import os
 import subprocess
@@ -76,6 +77,27 @@ def measured_at(run_folder, epoch):
     return {key: float(row[column]) for key, column in names.items() if row.get(column)}
 
 
+def linear_beside(ckpt_path):
+    """``(results.json path, its final test top-1)`` of a linear evaluation of exactly ``ckpt_path`` beside its run:
+    main_linear.py's results under the same save folder (``<save>/Linear/<dataset>/<run>/``) or, in a sweep's cell,
+    under the cell (``<cell>/<evaluation>/Linear/...``); the newest when several; ``(None, None)`` when none."""
+    run = os.path.dirname(os.path.abspath(ckpt_path))
+    save = os.path.dirname(os.path.dirname(os.path.dirname(run)))
+    found = []
+    for pattern in (os.path.join(save, 'Linear', '*', '*', 'results.json'),
+                    os.path.join(os.path.dirname(save), '*', 'Linear', '*', '*', 'results.json')):
+        for path in glob.glob(pattern):
+            try:
+                with open(path) as f:
+                    result = json.load(f)
+                read = result.get('ckpt') or (result.get('config') or {}).get('ckpt')
+            except (OSError, ValueError, AttributeError):
+                continue
+            if read and os.path.realpath(read) == os.path.realpath(ckpt_path) and 'final_test_acc' in result:
+                found.append((os.path.getmtime(path), path, result['final_test_acc']))
+    return max(found)[1:] if found else (None, None)
+
+
 def export(ckpt_path, out):
     """Write the encoder of ``ckpt_path`` into the folder ``out``; returns the card."""
     from safetensors.torch import save_file
@@ -105,14 +127,16 @@ def export(ckpt_path, out):
     mean, std = mean_std(dataset, config.get('mean'), config.get('std')) if dataset in DATASETS else (
         config.get('mean'), config.get('std'))
     measured = measured_at(os.path.dirname(os.path.abspath(ckpt_path)), epochs_done)
+    linear, linear_acc = (None, None) if 'test_acc' in measured else linear_beside(ckpt_path)
     card = {'model': model, 'stem': None if model.startswith('timm:') else stem, 'size': size,
             'model_args': model_args, 'feature_dim': dim, 'mean': list(mean) if mean else None,
             'std': list(std) if std else None, 'method': config.get('method') or (
                 'CE' if config.get('script') == 'ce' else None), 'script': config.get('script'),
             'dataset': dataset, 'epochs_trained': epochs_done, 'epochs': epochs,
             'finished': epochs is None or epochs_done >= epochs,
-            'test_acc': measured.get('test_acc'),
+            'test_acc': measured.get('test_acc', linear_acc),
             'test_acc_note': f'the test accuracy at epoch {epochs_done}, the checkpoint\'s' if 'test_acc' in measured
+            else f'the linear evaluation of this checkpoint: {linear}' if linear
             else f'no test accuracy was measured at epoch {epochs_done} (a pre-training run has none: '
                  'main_linear.py measures one)',
             **({'knn_acc': measured['knn_acc']} if 'knn_acc' in measured else {}),

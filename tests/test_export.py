@@ -159,3 +159,22 @@ def test_a_model_this_timm_cannot_build_and_a_run_folder(tmp_path):
     assert out.returncode == 0 and f'--ckpt {run} is a run folder: its last.pth' in out.stdout
     assert_one_line_error(run_in_process('export.py', '--ckpt', tmp_path / 'o_run', '--out', tmp_path / 'o4'),
                           'is a folder without a last.pth')
+
+
+@pytest.mark.parametrize('layout', ['save folder', 'sweep cell'])
+def test_the_card_takes_a_linear_evaluation_of_the_same_checkpoint_beside_it(tmp_path, layout):
+    """A pre-training run has no test accuracy of its own; a linear evaluation of that very checkpoint beside it
+    (main_linear.py into the same --save_folder, or a sweep cell's evaluation) gives the card's, naming its file. One
+    of another checkpoint does not."""
+    path, _ = saved_run(tmp_path, 'resnet_tiny', stem='cifar', size=16)
+    stage1 = tmp_path / 'cell' / 'pretrain' if layout == 'sweep cell' else tmp_path / 'save'
+    run = stage1 / 'SupCon' / 'digits' / 'run'
+    run.mkdir(parents=True)
+    os.replace(path, run / 'last.pth')
+    linear = (tmp_path / 'cell' / 'linear' if layout == 'sweep cell' else tmp_path / 'save') / 'Linear' / 'digits'
+    for name, ckpt, acc in (('mine', run / 'last.pth', 97.5), ('other', run / 'ckpt_epoch_1.pth', 12.0)):
+        (linear / name).mkdir(parents=True)
+        (linear / name / 'results.json').write_text(json.dumps({'final_test_acc': acc, 'ckpt': str(ckpt)}))
+    assert run_in_process('export.py', '--ckpt', run / 'last.pth', '--out', tmp_path / 'out').returncode == 0
+    card = json.loads((tmp_path / 'out' / 'card.json').read_text())
+    assert card['test_acc'] == 97.5 and str(linear / 'mine' / 'results.json') in card['test_acc_note']
