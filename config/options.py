@@ -1,18 +1,13 @@
-"""Command-line options shared by ``main_supcon.py``, ``main_ce.py`` and ``main_linear.py``.
-
-Flag names and defaults follow SupContrast; each script only differs in its defaults (``SCRIPT_DEFAULTS``)
-and in a few script-specific flags. Three sources of flags, collected here:
-
-- the core flags below (run, data, model, optimization);
-- ``--method`` and each method's own flags, from the registry in ``methods.py``;
-- the features (``FEATURES``): each declares its flags with their real defaults, its checks, its part of the
-  run name and what may change on ``--resume``, next to the code that reads them (``flags.Feature``).
-
-``parse_option`` parses, fills the defaults that depend on other flags, validates and names the run
-folder; it touches no device, process group or file (``engine.setup`` does). Every field exists for every
-script (``FIELD_DEFAULTS``: every flag of every script), so code reads ``opt.x`` without a fallback.
+"""Command-line options of ``main_supcon.py``, ``main_ce.py`` and ``main_linear.py``: SupContrast's flag names and
+defaults (per script: ``SCRIPT_DEFAULTS``), from three sources: the core flags below (run, data, model,
+optimization); ``--method`` and each method's flags (``methods.py``); the features (``FEATURES``), each declaring its
+flags, checks, run-name part and resume rules next to the code that reads them (``core.flags.Feature``).
+``parse_option`` parses, fills the defaults that depend on other flags, validates and names the run folder; it
+touches no device, process group or file (``engine.run.setup`` does). Every field exists for every script
+(``FIELD_DEFAULTS``), so code reads ``opt.x`` without a fallback.
 """
 import argparse
+import functools
 import math
 import os
 import re
@@ -50,19 +45,15 @@ FEATURES = [ENCODER, LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOS
             AUGMENT, CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
             LINEAR_PROBE]
 
-# SupContrast's per-script defaults.
-SCRIPT_DEFAULTS = {
-    'supcon': dict(epochs=1000, learning_rate=0.05, lr_decay_epochs='700,800,900',
-                   lr_decay_rate=0.1, weight_decay=1e-4),
-    'ce': dict(epochs=500, learning_rate=0.2, lr_decay_epochs='350,400,450',
-               lr_decay_rate=0.1, weight_decay=5e-4),
-    'linear': dict(epochs=100, learning_rate=0.1, lr_decay_epochs='60,75,90',
-                   lr_decay_rate=0.2, weight_decay=0.0),
+SCRIPT_DEFAULTS = {     # SupContrast's, per script
+    'supcon': dict(epochs=1000, learning_rate=0.05, lr_decay_epochs='700,800,900', lr_decay_rate=0.1,
+                   weight_decay=1e-4),
+    'ce': dict(epochs=500, learning_rate=0.2, lr_decay_epochs='350,400,450', lr_decay_rate=0.1, weight_decay=5e-4),
+    'linear': dict(epochs=100, learning_rate=0.1, lr_decay_epochs='60,75,90', lr_decay_rate=0.2, weight_decay=0.0),
 }
 RUN_KIND = {'supcon': 'SupCon', 'ce': 'SupCE', 'linear': 'Linear'}
-DESCRIPTION = {'supcon': 'Stage 1: contrastive pre-training (SupCon / SimCLR / RASCAL).',
-               'ce': 'Cross-entropy baseline.',
-               'linear': 'Stage 2: linear evaluation of a frozen stage-1 encoder.'}
+DESCRIPTION = dict(supcon='Stage 1: contrastive pre-training (SupCon / SimCLR / RASCAL).', ce='Cross-entropy baseline.',
+                   linear='Stage 2: linear evaluation of a frozen stage-1 encoder.')
 
 
 def _core_flags(p, script):
@@ -126,12 +117,23 @@ def build_parser(script):
     return p
 
 
+@functools.lru_cache(maxsize=None)
+def _parser(script, suppressed, methods):
+    p = build_parser(script)
+    for action in p._actions if suppressed else ():
+        action.default = argparse.SUPPRESS
+    return p
+
+
+def parser_of(script, suppressed=False):
+    """``script``'s parser, built once per process and registry (a method registered later has its flags), only
+    read (``suppressed``: without defaults)."""
+    return _parser(script, suppressed, tuple(METHODS))
+
+
 def given_flags(script, argv):
     """The destinations of the flags given on the command line ``argv`` (parsed again without defaults)."""
-    p = build_parser(script)
-    for action in p._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(p.parse_args(argv)))
+    return set(vars(parser_of(script, suppressed=True).parse_args(argv)))
 
 
 # Every field of every script: what a script without a flag reads, and the run's set-up (``engine.setup``).
@@ -210,11 +212,10 @@ def parse_option(script, argv=None):
     main_linear.py's ``--ckpt`` configuration (:func:`adopt_stage1_settings`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     config, source = recipe_of(argv)
-    from_file = []
-    if config:                               # --config FILE: its flags first, the command line's after them
-        from_file = config_argv(config, script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS)
-        argv = [*from_file, *argv]
-    opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(build_parser(script).parse_args(argv))})
+    # --config FILE (or the resumed run's run.json): its flags first, the command line's after them
+    from_file = config_argv(config, script, build_parser(script), FIELD_DEFAULTS, SCRIPT_FLAGS) if config else []
+    argv = [*from_file, *argv]
+    opt = argparse.Namespace(**{**FIELD_DEFAULTS, **vars(parser_of(script).parse_args(argv))})
     given = given_flags(script, argv)
     opt.given_flags = sorted(given)          # what run.json records, for --config <run>/run.json (config/recipe.py)
     opt.script = script

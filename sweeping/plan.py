@@ -11,7 +11,6 @@ rules find.
 """
 import contextlib
 import fnmatch
-import functools
 import io
 import itertools
 import json
@@ -369,11 +368,10 @@ def read_compare(spec, where, entries, axes, evaluations):
     return tables
 
 
-@functools.lru_cache(maxsize=None)
 def parser_of(script):
-    """``script``'s parser, built once per process (planning reads it for every stage; nothing changes it)."""
-    from config.options import build_parser
-    return build_parser(SCRIPTS[script])
+    """``script``'s parser (a file name), built once per process (``config.options.parser_of``)."""
+    from config.options import parser_of
+    return parser_of(SCRIPTS[script])
 
 
 def argv_of(script, flags, where, only_known=()):

@@ -196,8 +196,9 @@ def figure(panels, metric, path, title):
         lo = min(m - h for _, m, h, _ in points) if points else 0
         hi = max(m + h for _, m, h, _ in points) if points else 1
         pad = 0.05 * (hi - lo or 1)
-        left = lo - pad if low is None else max(low, lo - pad)
-        right = hi + pad if high is None else min(high, hi + pad)
+        means = [m for _, m, _, _ in points] or [0.0]
+        left = lo - pad if low is None else min(max(low, lo - pad), min(means))     # a mean is never cut off
+        right = hi + pad if high is None else max(min(high, hi + pad), max(means))
         for y, mean, half, colour in points:
             a, b = max(mean - half, left), min(mean + half, right)
             ax.errorbar(mean, y, xerr=[[mean - a], [b - mean]], fmt='o', color=colour, capsize=3)

@@ -238,7 +238,7 @@ def test_the_table_says_why_an_entry_is_left_out(tmp_path):
     shutil.rmtree(s.cells[2].stages[1].run())
     sweep_run.write_record(s.cells[2].folder, 'linear', state='failed', exit=1)
     out = sweep(path, '--save_folder', tmp_path / 'save')
-    assert 'Traceback' not in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
     table = (pathlib.Path(s.folder) / 'table.md').read_text()
     assert 'cannot be read' in table and 'SupCon seed 1' in table, table
     assert 'Failed (left out; --retry-failed runs them again): SupCon seed 2.' in table, table
