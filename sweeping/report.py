@@ -155,14 +155,15 @@ def metric_range(metric):
     return None, None
 
 
-COLOURS = {'tab:green': 'paired 95 % CI of the difference above 0', 'tab:red': 'paired 95 % CI below 0',
-           'tab:grey': 'paired 95 % CI includes 0'}
+COLOURS = {'tab:green': 'above the baseline (paired, Holm p < 0.05)', 'tab:red': 'below it (Holm p < 0.05)',
+           'tab:grey': 'no difference shown (Holm p >= 0.05)'}
 
 
 def figure(panels, metric, path, title):
     """Each row's ``metric`` (mean and its 95 % t interval over seeds), one panel per group; the baseline's mean as a
-    dashed line, each other row coloured by its paired difference from it, the difference and its interval written
-    in the right margin. A legend explains the colours; the axis stays within what the metric can take, and an
+    dashed line, each other row coloured only when its paired difference from it is significant after Holm's
+    adjustment across the panel's comparisons (as in its table), the difference and its interval in the right
+    margin. A legend explains the colours; the axis stays within what the metric can take, and an
     interval that reaches past it is drawn to the edge and marked with an arrow."""
     import matplotlib
     matplotlib.use('Agg')
@@ -175,6 +176,7 @@ def figure(panels, metric, path, title):
     used = set()
     for ax, (group, rows, base) in zip(axes[0], panels):
         labels = [label for label, _ in rows]
+        compared = compare.comparisons(rows, base, metric) if base is not None else {}
         points = []
         for y, (label, results) in enumerate(rows):
             values = [r[metric] for r in results if metric in r]
@@ -184,9 +186,10 @@ def figure(panels, metric, path, title):
             half = float(t.ppf(0.975, len(values) - 1)) * sd / math.sqrt(len(values)) if sd is not None else 0
             colour, n = 'black', 0
             if base is not None and label != base:
-                n, diff, dhalf = compare.paired_difference(results, dict(rows)[base], metric)
-                colour = ('tab:green' if dhalf is not None and diff - dhalf > 0 else
-                          'tab:red' if dhalf is not None and diff + dhalf < 0 else 'tab:grey')
+                e = compared[label]
+                n, diff, dhalf = e['n'], e['mean'], e['half']
+                shown = e['holm'] is not None and e['holm'] < compare.ALPHA
+                colour = 'tab:grey' if not shown else 'tab:green' if diff > 0 else 'tab:red'
                 used.add(colour)
             points.append((y, mean, half, colour))
             if base is not None and label != base and n:

@@ -1,6 +1,7 @@
 """compare.py: mean +- std tables over results.json files."""
 import json
 
+import numpy as np
 import pytest
 
 
@@ -119,3 +120,77 @@ def test_a_diverged_probe_is_marked_and_left_out_of_the_paired_differences(tmp_p
     assert '+1.00 (n=2)' not in text and '(n=2)' in text            # seeds 1 and 2 only: +1, +1
     compare.main(args + ['--include_diverged'])
     assert '(n=3)' in capsys.readouterr().out
+
+
+def oracle_power(delta, sd, n, alpha=0.05):
+    """The paired t test's power from the noncentral t's definition, T = (Z + λ) / sqrt(V / df) with Z normal and V
+    chi-square: P(|T| > c) = E_V[P(Z > c·sqrt(V/df) - λ) + P(Z < -c·sqrt(V/df) - λ)], integrated over V."""
+    from scipy import integrate
+    from scipy.stats import chi2, norm, t
+    df, lam = n - 1, delta * n ** 0.5 / sd
+    c = t.ppf(1 - alpha / 2, df)
+
+    def at(v):
+        s = c * (v / df) ** 0.5
+        return chi2.pdf(v, df) * (norm.sf(s - lam) + norm.cdf(-s - lam))
+    return integrate.quad(at, 0, float('inf'), limit=200)[0]
+
+
+@pytest.mark.parametrize('delta, sd, n', [(1.0, 1.0, 5), (0.3, 0.5, 10), (2.0, 1.5, 3), (0.0, 1.0, 8),
+                                          (102.95, 6.43, 2)])      # the last: far out, where scipy's nct fails
+def test_power_against_the_noncentral_t_by_its_definition(delta, sd, n):
+    import compare
+    assert compare.power(delta, sd, n) == pytest.approx(oracle_power(delta, sd, n), abs=1e-6)
+
+
+@pytest.mark.parametrize('sd, n', [(1.0, 5), (0.25, 10), (3.0, 3)])
+def test_the_detectable_difference_and_the_seeds_needed_reach_80_percent(sd, n):
+    """The smallest detectable difference has power 0.8 (and 1 % less of it has less); the seeds needed for a
+    difference reach 0.8, and one seed fewer does not."""
+    import compare
+    mde = compare.detectable(sd, n)
+    assert oracle_power(mde, sd, n) == pytest.approx(0.8, abs=1e-5)
+    assert oracle_power(0.99 * mde, sd, n) < 0.8
+    needed = compare.seeds_needed(0.7 * sd, sd)
+    assert oracle_power(0.7 * sd, sd, needed) >= 0.8 > oracle_power(0.7 * sd, sd, needed - 1)
+    assert compare.seeds_needed(0.0, sd) is None and compare.seeds_needed(1e-4 * sd, sd) is None     # beyond reach
+
+
+def test_holm_and_the_p_value_against_hand_computations():
+    from scipy.stats import ttest_rel
+
+    import compare
+    ps = {'a': 0.01, 'b': 0.04, 'c': 0.03}
+    # by hand: sorted a, c, b -> 3 x 0.01 = 0.03; 2 x 0.03 = 0.06; 1 x 0.04 = 0.04, raised to the running 0.06
+    assert compare.holm(ps) == pytest.approx({'a': 0.03, 'c': 0.06, 'b': 0.06})
+    assert compare.holm({'a': 0.5, 'b': 0.6}) == pytest.approx({'a': 1.0, 'b': 1.0})
+    mine, base = [91.0, 93.0, 95.5, 90.0], [90.0, 91.0, 92.0, 90.5]
+    want = ttest_rel(mine, base).pvalue
+    assert compare.p_value([m - b for m, b in zip(mine, base)]) == pytest.approx(want, rel=1e-9)
+
+
+def test_the_table_states_each_comparison_s_power(tmp_path, capsys):
+    """Beside each paired difference: the Holm-adjusted p across the table, the difference the seeds could detect,
+    the seeds the observed one needs, and the seeds on which the row beats the baseline."""
+    import compare
+    rows = {'base': [90.0, 91.0, 92.0, 93.0], 'up': [91.0, 92.1, 92.9, 94.0], 'noise': [91.0, 90.0, 93.0, 92.0]}
+    for label, accs in rows.items():
+        for seed, acc in enumerate(accs):
+            d = tmp_path / label / f'seed_{seed}'
+            d.mkdir(parents=True)
+            (d / 'results.json').write_text(json.dumps({'final_test_acc': acc, 'config': {'seed': seed}}))
+    compare.main([f'{label}={tmp_path}/{label}' for label in rows] + ['--baseline', 'base'])
+    text = capsys.readouterr().out
+    assert '| Holm p | detectable at 80 % power | seeds for 80 % power | seeds better |' in text
+    res = {label: [{'final_test_acc': a, 'config': {'seed': s}} for s, a in enumerate(accs)]
+           for label, accs in rows.items()}
+    got = compare.comparisons(list(res.items()), 'base', 'final_test_acc')
+    diffs = [u - b for u, b in zip(rows['up'], rows['base'])]
+    sd = float(np.std(diffs, ddof=1))
+    assert got['up']['wins'] == (4, 4) and got['noise']['wins'] == (2, 4)
+    assert got['up']['detectable'] == pytest.approx(compare.detectable(sd, 4))
+    first, second = sorted(('up', 'noise'), key=lambda k: got[k]['p'])        # Holm over the table's two
+    assert got[first]['holm'] == pytest.approx(min(1, 2 * got[first]['p']))
+    assert got[second]['holm'] == pytest.approx(min(1, max(2 * got[first]['p'], got[second]['p'])))
+    line = next(x for x in text.splitlines() if x.startswith('| up |'))
+    assert f'±{got["up"]["detectable"]:.2f}' in line and '| 4/4 |' in line

@@ -366,7 +366,7 @@ def test_a_sweep_runs_its_grid_and_a_second_call_redoes_nothing(tmp_path):
     before = records(folder)
     logs = {p: p.read_text() for p in folder.rglob('*.log')}
     again = sweep(path, '--save_folder', tmp_path / 'save')
-    assert again.returncode == 0 and '0 to run' in again.stdout
+    assert again.returncode == 0 and '0 stages to run' in again.stdout
     assert records(folder) == before and {p: p.read_text() for p in folder.rglob('*.log')} == logs
 
 
@@ -381,7 +381,7 @@ def test_a_failed_stage_waits_for_retry_failed(tmp_path):
     assert out.returncode == 1
     assert 'failed: SupCon seed 0, pretrain: main_supcon.py: error: cifar10 not found' in out.stderr
     again = sweep(path, '--save_folder', tmp_path / 'save')
-    assert again.returncode == 1 and '0 to run, 1 failed before (--retry-failed runs them)' in again.stdout
+    assert again.returncode == 1 and '0 stages to run, 1 failed before (--retry-failed runs them)' in again.stdout
     make_fake_cifar(data)
     retried = sweep(path, '--save_folder', tmp_path / 'save', '--retry-failed')
     assert retried.returncode == 0, retried.stdout[-2000:]
@@ -571,7 +571,7 @@ def test_the_figure_explains_its_colours_and_keeps_to_what_the_metric_can_take(t
     assert 0 <= left and right <= 100
     assert any(line.get_marker() in ('<', '>') for line in ax.lines)          # an interval cut at the axis's end
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "the baseline's mean" in texts and 'paired 95 % CI includes 0' in texts
+    assert "the baseline's mean" in texts and 'no difference shown (Holm p >= 0.05)' in texts
     assert "interval past the axis's end" in texts
     notes = [a for a in ax.texts if a.get_text().startswith(('+', '-'))]
     assert notes and all(a.xy[0] > 1 for a in notes)           # in the margin (axes fraction), not on the data
