@@ -40,6 +40,18 @@ def test_compare_reads_the_evaluated_runs_training_metrics(tmp_path, capsys):
     assert '| X | 2 | 65.00 ± 35.36 | 0.1550 ± 0.2051 | 1/2 |' in text
 
 
+def compare_seeds(tmp_path, capsys, rows):
+    """compare.py's table (baseline ``base``) of ``rows`` (``{label: {seed: test top-1}}``), one results.json each."""
+    import compare
+    for label, accs in rows.items():
+        for seed, acc in accs.items():
+            d = tmp_path / label / f'seed_{seed}'
+            d.mkdir(parents=True)
+            (d / 'results.json').write_text(json.dumps({'final_test_acc': acc, 'config': {'seed': seed}}))
+    compare.main([f'{label}={tmp_path}/{label}' for label in rows] + ['--baseline', 'base'])
+    return capsys.readouterr().out
+
+
 def test_paired_interval_against_a_hand_computation(tmp_path, capsys):
     """Differences 1, 2, 3 over seeds 0-2: mean 2, sd 1, t(0.975, 2) = 4.302653, half-width 4.302653/sqrt(3) =
     2.484138, so [-0.48, 4.48], which contains 0; differences 2, 2.2, 1.8: sd 0.2, half-width 0.496828,
@@ -47,13 +59,7 @@ def test_paired_interval_against_a_hand_computation(tmp_path, capsys):
     import compare
     base = {0: 90.0, 1: 91.0, 2: 92.0, 3: 50.0}
     rows = {'base': base, 'm1': {0: 91.0, 1: 93.0, 2: 95.0}, 'm2': {2: 94.2, 0: 92.0, 1: 92.8}}
-    for label, accs in rows.items():
-        for seed, acc in accs.items():
-            d = tmp_path / label / f'seed_{seed}'
-            d.mkdir(parents=True)
-            (d / 'results.json').write_text(json.dumps({'final_test_acc': acc, 'config': {'seed': seed}}))
-    compare.main([f'{label}={tmp_path}/{label}' for label in rows] + ['--baseline', 'base'])
-    text = capsys.readouterr().out
+    text = compare_seeds(tmp_path, capsys, rows)
     assert 'Δ test top-1 (%) vs base (95 % CI, paired t over seeds) | CI excludes 0 |' in text
     assert '| base | 4 | ' in text and '(baseline)' in text
     assert '+2.00 [-0.48, +4.48] (n=3) | no |' in text
@@ -174,13 +180,7 @@ def test_the_table_states_each_comparison_s_power(tmp_path, capsys):
     the seeds the observed one needs, and the seeds on which the row beats the baseline."""
     import compare
     rows = {'base': [90.0, 91.0, 92.0, 93.0], 'up': [91.0, 92.1, 92.9, 94.0], 'noise': [91.0, 90.0, 93.0, 92.0]}
-    for label, accs in rows.items():
-        for seed, acc in enumerate(accs):
-            d = tmp_path / label / f'seed_{seed}'
-            d.mkdir(parents=True)
-            (d / 'results.json').write_text(json.dumps({'final_test_acc': acc, 'config': {'seed': seed}}))
-    compare.main([f'{label}={tmp_path}/{label}' for label in rows] + ['--baseline', 'base'])
-    text = capsys.readouterr().out
+    text = compare_seeds(tmp_path, capsys, {label: dict(enumerate(accs)) for label, accs in rows.items()})
     assert '| Holm p | detectable at 80 % power | seeds for 80 % power | seeds better |' in text
     res = {label: [{'final_test_acc': a, 'config': {'seed': s}} for s, a in enumerate(accs)]
            for label, accs in rows.items()}
