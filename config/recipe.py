@@ -19,6 +19,7 @@ import stat
 import sys
 
 from core.flags import UserError
+from training.run_folder import RUN_IDENTITY
 
 # options in a run.json that are not the experiment's flags: derived from others, or about this process and machine
 RUN_ONLY = {'script', 'run_name', 'run_folder', 'world_size', 'rank', 'local_batch_size', 'warmup_from', 'device',
@@ -54,7 +55,7 @@ def recipe_of(argv):
     p.add_argument('--resume', default='')
     resume = p.parse_known_args(argv)[0].resume
     folder = resume if os.path.isdir(resume) else os.path.dirname(resume)
-    record = os.path.join(folder, 'run.json')
+    record = os.path.join(folder, RUN_IDENTITY)
     if resume and os.path.isfile(record):
         return record, f'the run\'s {record}'
     return None, None

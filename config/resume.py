@@ -2,21 +2,25 @@
 run.json and a sweep's finished cells are checked by (docs/USAGE.md, "Run folders, resume")."""
 from config.options import FEATURES
 
-# What may differ when a run is resumed: flags that do not change what is learned (a longer --epochs is how a
-# run is extended), the features' own (``Feature.resume_may_change``: e.g. --amp, --channels_last and
-# --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe
+# Where a run ran, not what it learned: its paths, its recipe file, the process's share of a torchrun batch and the
+# data workers a machine's cores allow. A finished run recorded with other values of these is still the same run
+# (a sweep's finished stage is held to every other flag, --epochs included).
+WHERE_IT_RAN = {'config', 'save_folder', 'resume', 'run_folder', 'data_folder', 'num_workers', 'world_size', 'rank',
+                'local_batch_size'}
+# What may differ when a run is resumed: besides where it runs, flags that do not change what is learned (a longer
+# --epochs is how a run is extended), the features' own (``Feature.resume_may_change``: e.g. --amp, --channels_last
+# and --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe
 # this process rather than the experiment.
-RESUME_MAY_CHANGE = {'config', 'epochs', 'print_freq', 'save_freq', 'num_workers', 'device', 'data_folder',
-                     'save_folder', 'resume', 'trial', 'script', 'run_folder', 'run_name', 'world_size', 'rank',
-                     'local_batch_size', *(name for feature in FEATURES for name in feature.resume_may_change)}
+RESUME_MAY_CHANGE = {*WHERE_IT_RAN, 'epochs', 'print_freq', 'save_freq', 'device', 'trial', 'script', 'run_name',
+                     *(name for feature in FEATURES for name in feature.resume_may_change)}
 
 
-def resume_conflicts(saved_config, config, holder='the checkpoint'):
-    """``['--flag: the checkpoint has A, now B', ...]`` for the experiment-defining flags where the
+def resume_conflicts(saved_config, config, holder='the checkpoint', may_change=RESUME_MAY_CHANGE):
+    """``['--flag: the checkpoint has A, now B', ...]`` for the flags outside ``may_change`` where the
     checkpoint's (``holder``'s) configuration and this command line's (``config``: :func:`config_dict`) differ (keys
     missing on either side are skipped)."""
     return [f'--{key}: {holder} has {saved_config[key]!r}, now {config[key]!r}'
-            for key in sorted(set(config) & set(saved_config) - RESUME_MAY_CHANGE) if saved_config[key] != config[key]]
+            for key in sorted(set(config) & set(saved_config) - set(may_change)) if saved_config[key] != config[key]]
 
 
 def config_dict(opt):

@@ -49,11 +49,6 @@ SLURM_KEYS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb
 STAGE1 = 'pretrain'       # the folder of a cell's first stage (pre-training, or main_ce.py's training)
 UNREAD = os.path.join(os.sep, 'stage-1-not-read')    # where an evaluation's --ckpt points while it is planned
 MAX_CELLS = 2000          # a larger grid is refused at once (planning parses every stage: about 10 ms each)
-# What a finished stage's record may differ in from the file and still count as done: where it ran (paths, the
-# process's share of a torchrun batch, the workers a machine's cores allow). Any other difference, --epochs included,
-# means the file now asks for another run than the one that finished: refused (docs/USAGE.md, "Sweeps").
-FREE_WHEN_DONE = {'config', 'save_folder', 'resume', 'run_folder', 'ckpt', 'data_folder', 'num_workers',
-                  'world_size', 'rank', 'local_batch_size'}
 
 
 class SweepError(UserError):
@@ -416,6 +411,8 @@ def parse(stage, cell, sweep):
     if stage.reads is not None:
         stage.stage1_run = cell.stage(stage.reads).run_folder
     argv = stage.command()[1:]
+    if '--resume' in argv:          # the file's flags alone: a resume would replay its run.json under them
+        del argv[argv.index('--resume'):argv.index('--resume') + 2]
     if stage.reads is not None:     # parsed before its checkpoint is read (it may not exist yet, or be mid-run)
         argv[argv.index('--ckpt') + 1] = os.path.join(UNREAD, os.path.basename(stage.stage1_run), 'last.pth')
     from config.options import parse_option
@@ -431,8 +428,8 @@ def parse(stage, cell, sweep):
     except UserError as e:
         raise SweepError(f'{sweep.path}: {cell.name}, {stage.name} ({stage.script}): {e}') from None
     stage.planned = {'config': config_dict(opt), 'given': set(opt.given_flags)}
-    stage.run_folder = os.path.abspath(opt.run_folder) if not opt.resume else os.path.dirname(os.path.abspath(
-        opt.resume))
+    last = stage.checkpoint()
+    stage.run_folder = os.path.dirname(os.path.abspath(last)) if last else os.path.abspath(opt.run_folder)
 
 
 def conflict(stage, cell):
@@ -453,10 +450,9 @@ def conflict(stage, cell):
         keys = stage.planned['given'] - {'ckpt', 'save_folder', 'resume'}
         planned = {k: v for k, v in planned.items() if k in keys}
         saved = {k: v for k, v in saved.items() if k in keys}
-    from config.resume import resume_conflicts
+    from config.resume import WHERE_IT_RAN, resume_conflicts
     if state(stage, read_record(cell.folder)) == 'done':     # finished: any difference but where it ran is another run
-        differences = [f'--{k}: the finished run has {saved[k]!r}, now {planned[k]!r}'
-                       for k in sorted(set(saved) & set(planned) - FREE_WHEN_DONE) if saved[k] != planned[k]]
+        differences = resume_conflicts(saved, planned, holder='the finished run', may_change=WHERE_IT_RAN)
     else:
         differences = resume_conflicts(saved, planned, holder='the run')
     if differences:

@@ -177,6 +177,21 @@ def test_a_cell_whose_flags_changed_after_it_ran_is_refused(tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_an_interrupted_cell_is_checked_against_the_file_not_its_own_record(tmp_path):
+    """A stage with a checkpoint is planned with --resume, and a resume replays the run.json beside it. The plan
+    compares the file's own flags with the run: a flag the file no longer gives (--momentum 0.8, recorded as given)
+    is refused, not taken back from the record."""
+    path = mini(tmp_path / 's.yaml')
+    s = read_sweep(path, tmp_path / 'save')
+    run = fake_run(s.cells[0].stages[0], momentum=0.8)
+    record = json.loads((pathlib.Path(run) / 'run.json').read_text())
+    (pathlib.Path(run) / 'run.json').write_text(json.dumps({**record, 'given': ['momentum']}))
+    torch.save({}, os.path.join(run, 'last.pth'))
+    assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run'),
+                          'the cell SupCon seed 0 (pretrain) ran with other flags',
+                          '--momentum: the run has 0.8, now 0.9')
+
+
 def test_a_finished_cell_whose_file_changed_never_counts_as_done(tmp_path):
     """A stage not yet finished continues under a longer --epochs (a resume may change it); a finished one (its
     results.json) recorded with another --epochs than the file's is refused in one line naming the flag, not counted
