@@ -224,7 +224,7 @@ def test_only_runs_a_selection_but_the_outputs_cover_every_cell(tmp_path):
     path = mini(tmp_path / 's.yaml')
     s = read_sweep(path, tmp_path / 'save')
     fake_results(s)
-    out = sweep(path, '--save_folder', tmp_path / 'save', '--only', 'CE *')
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--only', 'CE *')
     assert out.returncode == 0, out.stderr
     table = (pathlib.Path(s.folder) / 'table.md').read_text()
     assert 'SupCon' in table and 'CE' in table and 'paired' in table.lower(), table
@@ -235,7 +235,7 @@ def test_a_metric_no_result_holds_is_one_line_and_the_outputs_are_written(tmp_pa
     path = mini(tmp_path / 's.yaml', compare={'baseline': 'SupCon', 'metric': 'final_tset_acc'})
     s = read_sweep(path, tmp_path / 'save')
     fake_results(s)
-    out = sweep(path, '--save_folder', tmp_path / 'save')
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save')
     assert_one_line_error(out, "compare.metric 'final_tset_acc' is in no result", 'final_test_acc')
     assert out.returncode == 2 and (pathlib.Path(s.folder) / 'sweep.json').is_file()
     assert "No result holds the metric 'final_tset_acc'" in (pathlib.Path(s.folder) / 'table.md').read_text()
@@ -252,7 +252,7 @@ def test_the_table_says_why_an_entry_is_left_out(tmp_path):
     cut.write_text(cut.read_text()[:20])
     shutil.rmtree(s.cells[2].stages[1].run())
     sweep_run.write_record(s.cells[2].folder, 'linear', state='failed', exit=1)
-    out = sweep(path, '--save_folder', tmp_path / 'save')
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save')
     assert "Traceback" not in out.stderr, out.stderr
     table = (pathlib.Path(s.folder) / 'table.md').read_text()
     assert 'cannot be read' in table and 'SupCon seed 1' in table, table
@@ -264,7 +264,7 @@ def test_the_table_says_why_an_entry_is_left_out(tmp_path):
     stage = s.cells[0].stages[0]
     torch.save({}, os.path.join(fake_run(stage), 'last.pth'))
     sweep_run.write_record(s.cells[0].folder, 'pretrain', state='done', exit=0)
-    sweep(alone, '--save_folder', tmp_path / 'save')
+    run_in_process('sweep.py', alone, '--save_folder', tmp_path / 'save')
     table = (pathlib.Path(s.folder) / 'table.md').read_text()
     assert 'Done without a result of their own' in table and 'Not done yet' not in table, table
 
