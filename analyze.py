@@ -183,7 +183,7 @@ def main(argv=None):
                + (' (trained on coarse labels)' if coarse else ''), '']
 
     # per-class vMF concentration on the training split (fine labels; coarse too when trained so)
-    train_set = build_dataset(opt, True, transform, 'fine')
+    train_set = build_dataset(opt, 'train', transform, 'fine')
     step(f'1/4 encoder features of the {len(train_set)} training images, per-class vMF kappa')
     feats, labels = extract_features(runtime, encoder, build_loader(opt, train_set, train=False))
     feats, labels = feats.cpu(), labels.cpu()
@@ -202,7 +202,7 @@ def main(argv=None):
     summary += ['', '![kappa](kappa.png)', '']
 
     # t-SNE of the test split
-    test_set = build_dataset(opt, False, transform, 'fine')
+    test_set = build_dataset(opt, 'test', transform, 'fine')
     step(f'2/4 encoder features of the {len(test_set)} test images')
     test_feats, test_labels = extract_features(runtime, encoder, build_loader(opt, test_set, train=False))
     rng = np.random.RandomState(opt.seed)

@@ -1,6 +1,7 @@
 """Cross-entropy baseline (an encoder and a linear layer trained end to end), optionally logit-adjusted or balanced
 softmax for a long tail (--loss) and with CARROT on the penultimate features (--carrot). Reports test accuracy, NLL
-and ECE (of the plain logits).
+and ECE (of the plain logits); with ``--val_split`` the epoch is selected on the held-out part, and with
+``--eval_split val`` the test split is not read.
 
     python main_ce.py --dataset digits --epochs 30 --batch_size 128 --learning_rate 0.1 --cosine
 """
@@ -17,10 +18,11 @@ from data import (
     build_transform,
     class_counts,
     classes_to_classify,
+    evaluated_parts,
     long_tail_class_counts,
     save_label_noise,
 )
-from engine.run import fit, setup, write_results
+from engine.run import fit, report_selection, setup, write_results
 from training.loop import Optimization
 from training.schedule import Schedule, optimizer_for
 from training.steps import CETraining
@@ -31,23 +33,25 @@ def main(argv=None):
     # one-stage SupCon (--supcon_weight) trains on two views with SupCon's augmentation, CE on both
     two_views = opt.supcon_weight > 0
     transform = TwoCropTransform(build_transform(opt, 'contrastive')) if two_views else build_transform(opt, 'train')
-    train_set = build_dataset(opt, True, transform)
-    test_set = build_dataset(opt, False, build_transform(opt, 'eval'))
+    train_set = build_dataset(opt, 'train', transform)
     train_loader = build_loader(opt, train_set, train=True, kind='contrastive' if two_views else 'train',
                                 n_views=2 if two_views else None)
     announce_label_fraction(train_set)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
     n_cls = classes_to_classify(train_set)
-    ce = CETraining(opt, n_cls, class_counts(train_set), test_loader=build_loader(opt, test_set, train=False),
-                    test_counts=counts)       # model, loss and CARROT; evaluated on the test split every epoch
+    parts = evaluated_parts(opt.val_split, opt.eval_split)      # the held-out part first: it selects the epoch
+    loaders = {part: build_loader(opt, build_dataset(opt, part, build_transform(opt, 'eval')), train=False)
+               for part in parts}
+    ce = CETraining(opt, n_cls, class_counts(train_set), eval_loaders=loaders,
+                    eval_counts=counts)       # model, loss and CARROT; evaluated after every epoch
     optim = Optimization(optimizer_for(opt, ce.model.parameters()), ce.runtime.grad_scaler(), call_hook(Schedule, opt))
     print(f'run folder: {opt.run_folder}')
-    last, best = fit(opt, ce, optim, train_loader, select='test/acc')
+    select = f'{parts[0]}/acc'
+    last, best = fit(opt, ce, optim, train_loader, select=select)
     last = last or best
-    write_results(opt, last, best, 'test/acc', n_train=len(train_set))
-    print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')
-    print(f'final test top-1: {last["test/acc"]:.2f}, NLL {last["test/nll"]:.4f}, ECE {last["test/ece"]:.4f}')
+    write_results(opt, last, best, select, n_train=len(train_set))
+    report_selection(last, best, select)
 
 
 if __name__ == '__main__':

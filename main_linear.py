@@ -6,7 +6,8 @@ linear classifier; ``--label_fraction`` trains on a fixed labelled fraction of t
 
 Reads checkpoints of this project (any of the three scripts' encoders) and of
 the original SupContrast. Prints the final and the best test top-1; with
-``--val_split`` it also selects the epoch on held-out training data.
+``--val_split`` it selects the epoch on the held-out part of the training set (by default the part the stage-1 run
+held out), and with ``--eval_split val`` it reads no test image.
 """
 import json
 import os
@@ -29,11 +30,11 @@ from data import (
     classes_to_classify,
     coarse_labels,
     dataset_info,
+    evaluated_parts,
     long_tail_class_counts,
     save_label_noise,
-    split_train_val,
 )
-from engine.run import fit, setup, write_results
+from engine.run import fit, report_selection, setup, write_results
 from evaluation.knn import extract_features, knn_predict
 from evaluation.probes import LinearProbe, few_shot_indices, linear_probe, within_superclass_accuracy
 from training.checkpoint import load_encoder
@@ -46,20 +47,22 @@ from training.schedule import Schedule, optimizer_for
 from util import progress
 
 
-def within_superclass(frozen, coarse_of, k, t):
-    """``docs/PROBES.md``: fine-label kNN top-1 (``k`` neighbours, temperature ``t``) within each test image's own
-    superclass (``coarse_of[fine]``; all training labels). ``frozen(train, granularity)``: a split's features."""
-    train_feats, train_fine = frozen(True, 'fine')
-    test_feats, test_fine = frozen(False, 'fine')
+def within_superclass(frozen, coarse_of, k, t, part='test'):
+    """``docs/PROBES.md``: fine-label kNN top-1 (``k`` neighbours, temperature ``t``) within each image's own
+    superclass (``coarse_of[fine]``; all training labels) of ``part`` (the test split, or ``val``, the held-out part).
+    ``frozen(part, granularity)``: a part's features."""
+    train_feats, train_fine = frozen('train', 'fine')
+    test_feats, test_fine = frozen(part, 'fine')
     return within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine, coarse_of, k, t)
 
 
-def few_shot(frozen, granularity, shots, draws, seed, k, t):
+def few_shot(frozen, granularity, shots, draws, seed, k, t, part='test'):
     """``--shots K``: per draw (``--shot_draws``, seeded from ``--shot_seed``), a logistic regression and a kNN
-    (``k``, ``t``) on K labelled training images per class, evaluated on the whole test split; results.json holds
-    the mean and std over the draws. ``frozen(train, granularity)``: a split's unit features and labels."""
-    train_feats, train_y = frozen(True, granularity)
-    test_feats, test_y = frozen(False, granularity)
+    (``k``, ``t``) on K labelled training images per class, evaluated on the whole of ``part`` (the test split, or
+    ``val``: the held-out part); results.json holds the mean and std over the draws. ``frozen(part, granularity)``: a
+    part's unit features and labels."""
+    train_feats, train_y = frozen('train', granularity)
+    test_feats, test_y = frozen(part, granularity)
     n_cls = int(torch.cat([train_y, test_y]).max()) + 1
     if len(torch.unique(train_y)) < 2:
         raise UserError('the training split has 1 class: a few-shot probe needs at least 2')
@@ -69,12 +72,12 @@ def few_shot(frozen, granularity, shots, draws, seed, k, t):
         linear.append(linear_probe(train_feats[idx], train_y[idx], test_feats, test_y, n_cls))
         knn.append(100.0 * (knn_predict(train_feats[idx], train_y[idx], test_feats, n_cls, k, t)
                             == test_y).double().mean().item())
-    results = {'shots': shots, 'shot_draws': draws, 'shot_seed': seed,
-               'final_test_acc': float(np.mean(linear)), 'final_test_acc_std_over_draws': float(np.std(linear)),
-               'final_test_knn_acc': float(np.mean(knn)), 'final_test_knn_acc_std_over_draws': float(np.std(knn)),
-               'draws_test_acc': linear, 'draws_test_knn_acc': knn}
-    print(f'{shots}-shot linear probe: {results["final_test_acc"]:.2f} ± {np.std(linear):.2f} over '
-          f'{draws} draws; {shots}-shot kNN: {results["final_test_knn_acc"]:.2f} ± {np.std(knn):.2f}')
+    results = {'shots': shots, 'shot_draws': draws, 'shot_seed': seed, 'test_split_read': part == 'test',
+               f'final_{part}_acc': float(np.mean(linear)), f'final_{part}_acc_std_over_draws': float(np.std(linear)),
+               f'final_{part}_knn_acc': float(np.mean(knn)), f'final_{part}_knn_acc_std_over_draws': float(np.std(knn)),
+               f'draws_{part}_acc': linear, f'draws_{part}_knn_acc': knn}
+    print(f'{shots}-shot linear probe ({part}): {np.mean(linear):.2f} ± {np.std(linear):.2f} over '
+          f'{draws} draws; {shots}-shot kNN: {np.mean(knn):.2f} ± {np.std(knn):.2f}')
     return results
 
 
@@ -83,14 +86,17 @@ def main(argv=None):
     runtime = call_hook(Runtime, opt)
     encoder, opt.model = load_encoder(opt.ckpt, opt.model, dataset_info(opt.dataset).model, runtime)
 
-    def frozen(train, granularity):
-        """Unit encoder features and labels of a split, with the evaluation transform (no augmentation)."""
-        dataset = build_dataset(opt, train, build_transform(opt, 'eval'), granularity)
+    parts = evaluated_parts(opt.val_split, opt.eval_split)      # the held-out part first: it selects the epoch
+    probed = parts[-1]                                          # what the probes measure: test, unless not read
+
+    def frozen(part, granularity):
+        """Unit encoder features and labels of a part, with the evaluation transform (no augmentation)."""
+        dataset = build_dataset(opt, part, build_transform(opt, 'eval'), granularity)
         return extract_features(runtime, encoder, build_loader(opt, dataset, train=False))
 
     def superclass_probe():
-        acc = within_superclass(frozen, coarse_labels(opt.dataset)[0], opt.knn_k, opt.knn_t)
-        print(f'within-superclass fine kNN top-1: {acc:.2f}')
+        acc = within_superclass(frozen, coarse_labels(opt.dataset)[0], opt.knn_k, opt.knn_t, probed)
+        print(f'within-superclass fine kNN top-1 ({probed}): {acc:.2f}')
         return acc
 
     if opt.shots:
@@ -98,55 +104,44 @@ def main(argv=None):
             raise UserError(f'{opt.run_folder} already holds results.json of this probe: start another with a new '
                             f'--trial or --save_folder (or --shot_seed for other draws)')
         print(f'run folder: {opt.run_folder}')
-        results = few_shot(frozen, opt.eval_labels, opt.shots, opt.shot_draws, opt.shot_seed, opt.knn_k, opt.knn_t)
+        results = few_shot(frozen, opt.eval_labels, opt.shots, opt.shot_draws, opt.shot_seed, opt.knn_k, opt.knn_t,
+                           probed)
         if opt.within_superclass:
-            results['final_test_within_superclass_acc'] = superclass_probe()
+            results[f'final_{probed}_within_superclass_acc'] = superclass_probe()
         if is_main():
             with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
                 json.dump({**results, 'ckpt': os.path.abspath(opt.ckpt), 'config': config_dict(opt)}, f, indent=2)
         return
     # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
-    train_set = build_dataset(opt, True, build_transform(opt, 'train'), opt.eval_labels)
-    test_set = build_dataset(opt, False, build_transform(opt, 'eval'), opt.eval_labels)
+    train_set = build_dataset(opt, 'train', build_transform(opt, 'train'), opt.eval_labels)
     n_cls = classes_to_classify(train_set)
     announce_label_fraction(train_set)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
-    loaders = {}
-    if opt.val_split > 0:
-        held_out = build_dataset(opt, True, build_transform(opt, 'eval'), opt.eval_labels)
-        train_idx, val_idx = split_train_val(train_set.targets, opt.val_split, opt.seed)
-        train_set = torch.utils.data.Subset(train_set, train_idx)
-        loaders['val'] = build_loader(opt, torch.utils.data.Subset(held_out, val_idx), train=False)
-    loaders['test'] = build_loader(opt, test_set, train=False)
+    loaders = {part: build_loader(opt, build_dataset(opt, part, build_transform(opt, 'eval'), opt.eval_labels),
+                                  train=False) for part in parts}
     train_loader = build_loader(opt, train_set, train=True, kind='train')
 
     probe = LinearProbe(opt, encoder, n_cls, loaders, counts)     # classifier (and the encoder with --finetune)
     optim = Optimization(optimizer_for(opt, probe.parameters(), scaled=probe.scaled), probe.runtime.grad_scaler(),
                          call_hook(Schedule, opt))
     print(f'run folder: {opt.run_folder}')
-    select = 'val/acc' if opt.val_split > 0 else 'test/acc'
+    select = f'{parts[0]}/acc'
     last, best = fit(opt, probe, optim, train_loader, select=select)
     last = last or best
     extra = {'n_train': len(train_set)}
     if opt.within_superclass:
-        extra['final_test_within_superclass_acc'] = superclass_probe()
+        extra[f'final_{probed}_within_superclass_acc'] = superclass_probe()
     if is_main():           # a probe that did not converge says so, with what was measured
         losses = [float(row['train/loss']) for row in read_metrics(opt.run_folder) if row.get('train/loss')]
-        warning = probe_divergence(losses, n_cls, last.get('test/nll'))
+        warning = probe_divergence(losses, n_cls, last.get(f'{probed}/nll'))
         extra.update(probe_diverged=warning is not None, probe_warning=warning)
         if warning:
             print(f'warning: {warning}', file=sys.stderr, flush=True)
             with open(os.path.join(opt.run_folder, 'warnings.txt'), 'a') as f:
                 f.write(f'after epoch {opt.epochs}: {warning}\n')
     write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)
-    if opt.val_split > 0:
-        print(f'best val top-1: {best["val/acc"]:.2f} (epoch {best["epoch"]}), '
-              f'test top-1 there: {best["test/acc"]:.2f}')
-    else:
-        print(f'best test top-1: {best["test/acc"]:.2f} (epoch {best["epoch"]})')
-    print(f'final test NLL: {last["test/nll"]:.4f}, ECE (15 bins): {last["test/ece"]:.4f}')
-    print(f'final test top-1: {last["test/acc"]:.2f}')
+    report_selection(last, best, select)
 
 
 if __name__ == '__main__':

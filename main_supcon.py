@@ -22,7 +22,7 @@ from training.steps import Pretraining
 
 def main(argv=None):
     opt = setup(parse_option('supcon', argv))
-    train_set = build_dataset(opt, True, contrastive_views(opt))     # --n_views (and --num_small_crops) views
+    train_set = build_dataset(opt, 'train', contrastive_views(opt))     # --n_views (and --num_small_crops) views
     if get_method(opt.method).uses_ids or opt.queue_size:     # the queue stores dataset ids too
         train_set = IndexedDataset(train_set)
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=opt.n_views)   # device: large only

@@ -12,6 +12,10 @@ log's last line and runs again only under ``--retry-failed``: a sweep never dele
 interruption loses nothing and redoes nothing. At the end: ``table.md`` (compare.py: mean ± std, paired differences
 from the baseline with their 95 % intervals, per group), ``figure.png`` and ``sweep.json`` (every cell: its flags,
 state, time and folders). docs/USAGE.md, "Sweeps", has the file's schema.
+
+With a ``tune:`` section the seeded cells wait for tuning: every method (per combination of the grid's values) first
+gets the same budget of Optuna trials on a held-out part of the training set (sweeping/tune.py; docs/USAGE.md,
+"Tuning"), and the cells then run with each study's chosen values and read the test split once.
 """
 import os
 import shlex
@@ -90,7 +94,7 @@ def states(sweep, cells):
         record = records[cell.name]
         in_flight = '_slurm' in record and record['_slurm']['job'] in held
         for stage in cell.stages:
-            now = sweep_run.state(stage, record)
+            now = 'tuning' if cell.waiting else sweep_run.state(stage, record)
             out[(cell.name, stage.name)] = 'queued' if in_flight and now != 'done' else now
     return out
 
@@ -103,7 +107,7 @@ def to_run(cells, now, retry_failed):
         wanted = []
         for stage in cell.stages:
             state = now[(cell.name, stage.name)]
-            if state in ('done', 'queued', 'running') or (state == 'failed' and not retry_failed):
+            if state in ('done', 'queued', 'running', 'tuning') or (state == 'failed' and not retry_failed):
                 if stage.name == STAGE1 and state != 'done':
                     break               # its evaluations wait for it
                 continue
@@ -138,7 +142,7 @@ def stage_counts(now):
     counts = {}
     for state in now.values():
         counts[state] = counts.get(state, 0) + 1
-    order = ('done', 'running', 'queued', 'interrupted', 'failed', 'pending')
+    order = ('done', 'running', 'queued', 'interrupted', 'failed', 'pending', 'tuning')
     return f'{len(now)} stages: ' + ', '.join(f'{counts[s]} {s}' for s in order if s in counts)
 
 
@@ -272,6 +276,55 @@ def wait_slurm(cells, job_ids, progress, poll_s):
             time.sleep(poll_s)
 
 
+def tuning_status(sweep, cells):
+    """One line per study of ``cells``: its trials by state and its best held-out value so far."""
+    from sweeping.tune import progress_line, read_study
+    from sweeping.tune_spec import study_folder
+    lines, seen = [f'tuning: {sweep.tune.trials} trials per study, {sweep.tune.metric} on a held-out '
+                   f'{sweep.tune.val_split:g} of the training set'], set()
+    for cell in cells:
+        key = (cell.method, tuple(cell.axes.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        folder = study_folder(sweep.folder, cell.method, cell.axes)
+        label = ' '.join([cell.method, *(f'{k}={v}' for k, v in cell.axes.items())])
+        lines.append(f'  {label}: {progress_line({**read_study(folder), "folder": folder}, sweep.tune.trials)}')
+    return '\n'.join(lines)
+
+
+def tune(sweep, cells, args):
+    """The tuning phase: every study of ``cells`` driven to its budget; 0 when all are finished, else the sweep's
+    exit code (a trial crashed: 1, the next call retries it; an interrupt: 130 or 143)."""
+    from sweeping import tune as tuning
+    wanted = {(c.method, tuple(c.axes.items())) for c in cells if c.waiting}
+    studies = [s for s in tuning.studies_of(sweep) if (s.method, tuple(s.chosen.items())) in wanted]
+    print(f'tuning: {len(studies)} studies x {sweep.tune.trials} trials ({sweep.tune.metric} on a held-out '
+          f'{sweep.tune.val_split:g} of the training set); folder {shown(os.path.join(sweep.folder, "tune"))}',
+          flush=True)
+    tuner = tuning.Tuner(sweep, studies, say=lambda text: print(f'tune: {text}', flush=True))
+    if args.launcher == 'local':
+        import torch
+        jobs = args.jobs or (torch.cuda.device_count() or min(os.cpu_count() or 1, 8))
+        launch = tuning.local_launch(jobs)
+    else:
+        settings = slurm_settings(sweep, args)
+        jobs = args.jobs or int(settings.get('array_parallelism', 4))
+        launch = tuning.slurm_launch(sweep, settings)
+    try:
+        unfinished = tuner.run(jobs, launch, poll_s=0.5 if args.launcher == 'local' else args.poll_s)
+    except sweep_run.Stop as e:
+        print(f'sweep.py: interrupted while tuning; the running trials stopped with their last checkpoints intact: '
+              f'python sweep.py {args.file} continues them', file=sys.stderr)
+        return 143 if e.signum == 15 else 130
+    print(tuning_status(sweep, cells), flush=True)
+    if unfinished:
+        print(f'sweep.py: tuning not finished for {", ".join(s.label for s in unfinished)} (a trial crashed: its '
+              f'log is in its trial folder); python sweep.py {args.file} retries it', file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     sweep = sweep_plan.read(args.file, args.save_folder, check=not args.status)
@@ -282,6 +335,8 @@ def main(argv=None):
     if args.status or args.dry_run:
         table, summary = status_table(sweep, cells, now)
         print(f'sweep {sweep.name}: {len(cells)} cells ({summary}); folder {shown(sweep.folder)}')
+        if sweep.tune is not None:
+            print(tuning_status(sweep, cells))
         print(table)
         if args.dry_run:
             tasks = to_run(cells, now, args.retry_failed)
@@ -302,9 +357,21 @@ def main(argv=None):
         if missing:
             raise UserError(f'--launcher slurm: SLURM is not here ({", ".join(missing)} not found): run the sweep on '
                             'a SLURM login node, or use --launcher local')
+    if sweep.tune is not None and args.no_wait and any(c.waiting for c in cells):
+        raise UserError('--no_wait: tuning drives its trials from this process (each trial is asked when a slot is '
+                        'free): run the call without --no_wait, or once tuning is done')
     lock = hold(sweep.folder)
     with open(os.path.join(sweep.folder, 'sweep_file.yaml'), 'w') as f:
         f.write(sweep.text)               # the file as this call read it
+    if any(c.waiting for c in cells):
+        code = tune(sweep, cells, args)
+        if code:
+            lock.close()
+            return code
+        sweep = sweep_plan.read(args.file, args.save_folder)      # the cells with the chosen values
+        cells = sweep.select(args.only)
+        sweep_plan.prepare(sweep, cells)
+        now = states(sweep, cells)
     tasks = to_run(cells, now, args.retry_failed)
     failed_before = [k for k, s in now.items() if s == 'failed' and not args.retry_failed]
     total = sum(len(stages) for _, stages in tasks)

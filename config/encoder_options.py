@@ -86,6 +86,26 @@ def adopt_stage1_settings(opt, given):
               f'--{key} {now} contradicts the stage-1 checkpoint {opt.ckpt}, whose encoder was trained with '
               f'{value}: leave --{key} out')
         setattr(opt, key, value)
+    adopt_held_out(opt, given, config)
+
+
+def adopt_held_out(opt, given, config):
+    """main_linear.py holds out what its stage-1 run held out (``--val_split``, ``--split_seed``), unless told
+    otherwise: a stage-1 run that held out images makes them the probe's held-out part by default; another held-out
+    part is a one-line error (the encoder trained on some of it); held-out images the encoder trained on get a note."""
+    if config.get('dataset') != opt.dataset:          # another dataset's held-out part is not this one's
+        return
+    held = config.get('val_split') or 0
+    if held and 'val_split' not in given and 'split_seed' not in given:
+        opt.val_split, opt.split_seed = held, config.get('split_seed', 0)
+        return
+    if held and opt.val_split and (opt.val_split, opt.split_seed) != (held, config.get('split_seed', 0)):
+        raise UserError(f'--val_split {opt.val_split} --split_seed {opt.split_seed} holds out other images than the '
+                        f'stage-1 run {opt.ckpt} did (--val_split {held} --split_seed {config.get("split_seed", 0)}), '
+                        f'and its encoder trained on some of them: leave both flags out')
+    if config and not held and opt.val_split:
+        print(f'note: the stage-1 run {opt.ckpt} held out no images: its encoder trained on this probe\'s held-out '
+              f'part too (--val_split in main_supcon.py / main_ce.py holds it out there)', flush=True)
 
 
 ENCODER = Feature(

@@ -27,7 +27,7 @@ from core.flags import (
     epoch_list,
     floats,
 )
-from data import AUGMENT, DATASETS, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info
+from data import AUGMENT, DATASETS, HELD_OUT, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info
 from evaluation.knn import MONITOR
 from evaluation.probes import FINETUNE, LINEAR_PROBE, PROBES
 from methods import METHODS, add_method_flags, apply_method_flags, get_method
@@ -43,7 +43,7 @@ from training.steps import CARROT_FLAGS, CE_LOSS, ONE_STAGE
 # in the middle of the name (encoder_options.encoder_tag), its checks first.
 FEATURES = [ENCODER, LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION,
             AUGMENT, CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
-            LINEAR_PROBE]
+            LINEAR_PROBE, HELD_OUT]
 
 SCRIPT_DEFAULTS = {     # SupContrast's, per script
     'supcon': dict(epochs=1000, learning_rate=0.05, lr_decay_epochs='700,800,900', lr_decay_rate=0.1,
@@ -91,8 +91,6 @@ def _core_flags(p, script):
         model.add_argument('--feat_dim', type=int, default=128, help='projection dimension')
     if script == 'linear':
         model.add_argument('--ckpt', default='', help='stage-1 checkpoint (ours or the original SupContrast\'s)')
-        model.add_argument('--val_split', type=float, default=0.0,
-                           help='hold out this fraction of train for model selection (0: none)')
     optim = p.add_argument_group('optimization (SGD)')
     optim.add_argument('--epochs', type=int, default=d['epochs'], help='training epochs')
     optim.add_argument('--learning_rate', type=float, default=d['learning_rate'], help='base learning rate')
@@ -165,7 +163,6 @@ def validate(opt, script, given):
         check(opt.feat_dim >= 1, f'--feat_dim must be >= 1, got {opt.feat_dim}')
     if script == 'linear':
         check(opt.ckpt, '--ckpt is required: the stage-1 checkpoint to evaluate')
-        check(0 <= opt.val_split < 1, f'--val_split must be in [0, 1), got {opt.val_split}')
     info = dataset_info(opt.dataset)
     if info.mean_std is None:
         check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')

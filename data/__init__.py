@@ -12,6 +12,7 @@ The scripts import what they use from ``data`` itself (the names below).
 """
 from .folders import CachedImages, cached_images, load_image, to_rgb
 from .labels import (
+    HELD_OUT,
     LABEL_FRACTION,
     LABEL_NOISE,
     LABELS,
@@ -21,6 +22,7 @@ from .labels import (
     announce_label_fraction,
     class_counts,
     classes_to_classify,
+    evaluated_parts,
     labelled_fraction,
     long_tail_class_counts,
     long_tail_counts,
@@ -50,10 +52,10 @@ from .sources import (
 from .views import MULTICROP, MultiCropTransform, TwoCropTransform, build_transform, contrastive_views
 
 __all__ = ['AUGMENT', 'CIFAR10', 'CIFAR100', 'CIFAR100_COARSE', 'CIFAR100_SUPERCLASSES', 'DATASETS', 'DIGITS_COARSE',
-           'DIGITS_SUPERCLASSES', 'IMAGENET100_CLASSES', 'LABELS', 'LABEL_FRACTION', 'LABEL_NOISE', 'LONG_TAIL',
-           'MULTICROP', 'NOISE_KINDS', 'STL10', 'CachedImages', 'DatasetInfo', 'Digits', 'MultiCropTransform',
-           'Relabeled', 'TwoCropTransform', 'announce_label_fraction', 'build_dataset', 'build_loader',
-           'build_transform', 'cached_images', 'class_counts', 'classes_to_classify', 'coarse_labels',
-           'contrastive_views', 'dataset_info', 'in_memory_images', 'labelled_fraction', 'last_batch_of_one',
-           'load_image', 'long_tail_class_counts', 'long_tail_counts', 'long_tail_indices', 'mean_std', 'noisy_labels',
-           'num_classes', 'save_label_noise', 'split_train_val', 'to_rgb']
+           'DIGITS_SUPERCLASSES', 'HELD_OUT', 'IMAGENET100_CLASSES', 'LABELS', 'LABEL_FRACTION', 'LABEL_NOISE',
+           'LONG_TAIL', 'MULTICROP', 'NOISE_KINDS', 'STL10', 'CachedImages', 'DatasetInfo', 'Digits',
+           'MultiCropTransform', 'Relabeled', 'TwoCropTransform', 'announce_label_fraction', 'build_dataset',
+           'build_loader', 'build_transform', 'cached_images', 'class_counts', 'classes_to_classify', 'coarse_labels',
+           'contrastive_views', 'dataset_info', 'evaluated_parts', 'in_memory_images', 'labelled_fraction',
+           'last_batch_of_one', 'load_image', 'long_tail_class_counts', 'long_tail_counts', 'long_tail_indices',
+           'mean_std', 'noisy_labels', 'num_classes', 'save_label_noise', 'split_train_val', 'to_rgb']

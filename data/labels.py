@@ -1,6 +1,6 @@
 """Label operations on a training split: the long tail (LDAM's profile, ``--imb_factor``), coarse labels
 (``--label_granularity``), label noise (``--label_noise``), a labelled fraction (``--label_fraction``) and the
-held-out split (``--val_split``), with their flags (``flags.Feature``).
+held-out split (``--val_split``, ``--split_seed``, ``--eval_split``), with their flags (``flags.Feature``).
 """
 import math
 import os
@@ -137,6 +137,15 @@ def classes_to_classify(dataset):
     return n
 
 
+def evaluated_parts(val_split, eval_split):
+    """The parts a run measures after its epochs, the one that selects first: ``('val', 'test')`` with a held-out
+    part, ``('val',)`` with ``--eval_split val`` (no test image is read), ``('test',)`` without one (SupContrast's
+    habit: selection on the test split)."""
+    if eval_split == 'val':
+        return ('val',)
+    return ('val', 'test') if val_split > 0 else ('test',)
+
+
 def split_train_val(targets, val_fraction, seed):
     """Stratified split of indices ``0..len(targets)-1`` into (train, held-out) sorted lists: ``ceil(fraction * N)``
     held out, stratified by class. A split that cannot hold every class on both sides (a class with one
@@ -209,3 +218,31 @@ LABEL_NOISE = Feature(
     run_name=lambda label_noise, label_noise_kind: (
         f'_noise_{"" if label_noise_kind == "symmetric" else label_noise_kind + "_"}{label_noise}'
         if label_noise else ''))
+
+
+def _check_held_out(val_split, split_seed, eval_split, dataset, given):
+    check(0 <= val_split < 1, f'--val_split must be in [0, 1), got {val_split}')
+    check(val_split > 0 or 'split_seed' not in given, '--split_seed draws the held-out part: give --val_split > 0 too')
+    check(eval_split == 'test' or val_split > 0,
+          '--eval_split val evaluates on the held-out part: give --val_split > 0 too (e.g. 0.2)')
+    check(val_split == 0 or dataset_info(dataset).labelled is None,
+          f'--val_split holds out labelled images, and --dataset {dataset} has none: hold them out in the stage that '
+          f'reads labels')
+    check(0 <= split_seed < 2 ** 32, f'--split_seed must be in [0, 2^32), got {split_seed}')
+
+
+HELD_OUT = Feature(
+    'held-out split (docs/USAGE.md, "Held-out data")', check=_check_held_out,
+    flags={'--val_split': dict(type=float, default=0.0,
+                               help='hold out this stratified fraction of the training set in every stage: never '
+                                    'trained on, measured by the kNN monitor and by the epoch selection (the same '
+                                    'images in every run and stage with the same --split_seed; 0: none)'),
+           '--split_seed': dict(type=int, default=0,
+                                help='seed of the held-out draw (its own, not --seed: runs of every seed and both '
+                                     'stages hold out the same images)'),
+           '--eval_split': dict(choices=['test', 'val'], default='test',
+                                help='val: every evaluation measures the held-out part instead of the test split, '
+                                     'which is not read at all (tuning); test: the test split too (default)')},
+    run_name=lambda val_split, split_seed, eval_split: (
+        (f'_val_{val_split}' + (f'_split_{split_seed}' if split_seed else '') if val_split else '')
+        + ('_valonly' if eval_split == 'val' else '')))

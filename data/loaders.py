@@ -14,17 +14,26 @@ from data.augment import DeviceLoader
 from datasets_indexed import IndexedDataset
 
 from .folders import CachedImages, cached_images
-from .labels import Relabeled, coarse_labels, labelled_fraction, long_tail_indices, noisy_labels
+from .labels import Relabeled, coarse_labels, labelled_fraction, long_tail_indices, noisy_labels, split_train_val
 from .sources import DATASETS, Digits, dataset_info, mean_std
 from .views import randaugment_spec
 
+PARTS = ('train', 'val', 'test')
 
-def build_dataset(opt, train, transform, granularity=None):
-    """The train or test split of ``opt.dataset`` with ``transform``: long-tailed for ``*_lt``
+
+def build_dataset(opt, part, transform, granularity=None):
+    """A part of ``opt.dataset`` with ``transform``: ``'train'`` (the training split less the held-out part of
+    ``--val_split``), ``'val'`` (that held-out part) or ``'test'`` (the test split). Long-tailed for ``*_lt``
     training sets (balanced test sets), with coarse labels for ``granularity='coarse'`` (default:
-    ``--label_granularity``), and with ``--label_noise`` applied to the training split's labels
-    (after the coarse mapping; ``dataset.label_noise`` then describes it, see :func:`save_label_noise`)."""
+    ``--label_granularity``); the training part also with ``--label_fraction`` and ``--label_noise`` applied
+    (after the coarse mapping; ``dataset.label_noise`` then describes it, see :func:`save_label_noise`). The held-out
+    part is a stratified draw of ``--split_seed`` from the (long-tailed) training split by its fine labels, before
+    any other label operation, so every stage and seed holds out the same images; its labels stay clean, as the test
+    split's."""
+    if part not in PARTS:
+        raise ValueError(f'part must be one of {PARTS}, got {part!r}')
     info = dataset_info(opt.dataset)
+    train = part != 'test'
     granularity = granularity or opt.label_granularity
     mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
     if opt.image_cache and not info.in_memory:      # decoded once, at a fixed size, into a uint8 file
@@ -34,6 +43,13 @@ def build_dataset(opt, train, transform, granularity=None):
     else:
         base = info.load(opt.data_folder, opt.size, train, transform)
     indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if info.long_tail and train else None
+    if train and opt.val_split > 0:                 # the held-out part: the same images in every stage and run
+        pool = np.arange(len(base)) if indices is None else np.asarray(indices)
+        kept, held = split_train_val(np.asarray(base.targets)[pool], opt.val_split, opt.split_seed)
+        indices = pool[held if part == 'val' else kept].tolist()
+    elif part == 'val':
+        raise ValueError('the held-out part needs --val_split > 0')
+    train = part == 'train'                         # the label operations below: the training part's alone
     if train and opt.label_fraction < 1:           # the labelled part: a fixed stratified subset (seed 0)
         pool = np.arange(len(base)) if indices is None else np.asarray(indices)
         indices = pool[labelled_fraction(np.asarray(base.targets)[pool], opt.label_fraction)].tolist()

@@ -236,8 +236,9 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
 
 
 # what the epoch line shows (everything is in metrics.csv and TensorBoard): the loss, accuracies, the learning rate
-SHOWN = {'train/loss': 'loss', 'train/acc': 'train acc', 'train/lr': 'lr', 'val/acc': 'val acc',
-         'test/acc': 'test acc', 'knn/acc': 'kNN acc', 'train/amp/skipped': 'fp16 skipped'}   # key -> its label
+SHOWN = {'train/loss': 'loss', 'train/acc': 'train acc', 'train/lr': 'lr', 'val/acc': 'val acc',   # key -> its label
+         'test/acc': 'test acc', 'knn/val_acc': 'kNN val acc', 'knn/acc': 'kNN acc',
+         'train/amp/skipped': 'fp16 skipped'}
 
 
 def clock(seconds):
@@ -274,16 +275,37 @@ def resume_rng(ckpt, start, seed):
 
 
 def write_results(opt, last, best, select, **extra):
-    """``<run>/results.json``: final and selected-epoch test metrics (incl. per-class and shot-group
-    accuracies when present) and the run's settings; what ``compare.py`` reads. Rank 0 only."""
+    """``<run>/results.json``: the final and the selected epoch's metrics of the parts measured (``test/...``,
+    ``val/...``: per-class and shot-group accuracies too when present), which metric selected the epoch and on which
+    part (``selected_on``: ``held-out`` or ``test``, SupContrast's habit), whether the test split was read, and the
+    run's settings; what ``compare.py`` and the sweeps read. Rank 0 only."""
     if not is_main():
         return
-    results = {f'final_{k.replace("/", "_")}': v for k, v in last.items()
-               if k.startswith('test/')}
-    results.update(best_epoch=best['epoch'], best_epoch_test_acc=best['test/acc'], selected_by=select,
-                   config=config_dict(opt), **extra)
+    results = {f'final_{k.replace("/", "_")}': v for k, v in last.items() if k.startswith(('test/', 'val/'))}
+    results.update(best_epoch=best['epoch'], selected_by=select,
+                   selected_on='held-out' if select.startswith('val/') else 'test', test_split_read='test/acc' in last)
+    for part in ('test', 'val'):
+        if f'{part}/acc' in best:
+            results[f'best_epoch_{part}_acc'] = best[f'{part}/acc']
+    results.update(config=config_dict(opt), **extra)
     if select != 'test/acc':
         results[f'best_{select.replace("/", "_")}'] = best[select]
     with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
         json.dump(results, f, indent=2)
     return results
+
+
+def report_selection(last, best, select):
+    """The lines a classifier's run ends with: the selected epoch (on the held-out part, ``val``, or the test split),
+    then the final figures of each part it measured, the test split's last."""
+    part = select.split('/')[0]
+    line = f'best {part} top-1: {best[select]:.2f} (epoch {best["epoch"]})'
+    if part == 'val' and 'test/acc' in best:
+        line += f', test top-1 there: {best["test/acc"]:.2f}'
+    print(line)
+    if 'test/acc' not in last:
+        print('the test split was not read (--eval_split val)')
+    for p in ('val', 'test'):
+        if f'{p}/acc' in last:
+            print(f'final {p} top-1: {last[f"{p}/acc"]:.2f}, NLL {last[f"{p}/nll"]:.4f}, '
+                  f'ECE (15 bins) {last[f"{p}/ece"]:.4f}')

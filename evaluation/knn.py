@@ -87,30 +87,33 @@ def knn_predict(train_feats, train_labels, test_feats, num_classes, k=200, t=0.1
 
 def knn_monitor(opt):
     """``monitor(encoder, epoch)`` for ``main_supcon.py --knn_every N``: weighted kNN top-1 of the encoder's
-    features on the test split, every N epochs and at the last (``knn/acc``; with coarse training also
-    ``knn/acc_fine``), and the effective rank of the unit test features (``collapse/rankme_test``,
-    :func:`monitors.rankme`). Features are extracted once per evaluation; coarse labels are the fine ones mapped.
-    With ``--knn_shots K`` each accuracy is also given for a bank of only ``K`` labelled training images per
-    class (``knn/acc_Kshot``, ``knn/acc_fine_Kshot``; ``k = min(--knn_k, K * classes)``), the same draw
-    (seed 0) at every evaluation, so the curve follows the encoder, not the draw."""
+    features, every N epochs and at the last, with the training part as the bank and as queries the held-out part
+    (``--val_split``: ``knn/val_acc``) or else the test split (``knn/acc``); with coarse training also the fine
+    labels' (``knn/val_acc_fine``, ``knn/acc_fine``), and the effective rank of the unit query features
+    (``collapse/rankme_val`` or ``collapse/rankme_test``, :func:`monitors.rankme`). Features are extracted once per
+    evaluation; coarse labels are the fine ones mapped. With ``--knn_shots K`` each accuracy is also given for a
+    bank of only ``K`` labelled training images per class (``..._Kshot``; ``k = min(--knn_k, K * classes)``), the
+    same draw (seed 0) at every evaluation, so the curve follows the encoder, not the draw."""
     transform = build_transform(opt, 'eval')
-    memory = build_loader(opt, build_dataset(opt, True, transform, 'fine'), train=False)
-    test = build_loader(opt, build_dataset(opt, False, transform, 'fine'), train=False)
+    part = 'val' if opt.val_split > 0 else 'test'       # never the test split when a part is held out
+    memory = build_loader(opt, build_dataset(opt, 'train', transform, 'fine'), train=False)
+    queries = build_loader(opt, build_dataset(opt, part, transform, 'fine'), train=False)
     n_fine = num_classes(memory.dataset)
     runtime = call_hook(Runtime, opt)
+    name = 'knn/val_acc' if part == 'val' else 'knn/acc'
     # metric -> (fine label -> training label, number of classes)
-    label_maps = {'knn/acc': (torch.arange(n_fine, device=opt.device), n_fine)}
+    label_maps = {name: (torch.arange(n_fine, device=opt.device), n_fine)}
     if opt.label_granularity == 'coarse':
         mapping, classes = coarse_labels(opt.dataset)
-        label_maps = {'knn/acc': (torch.as_tensor(mapping, device=opt.device), len(classes)),
-                      'knn/acc_fine': label_maps['knn/acc']}
+        label_maps = {name: (torch.as_tensor(mapping, device=opt.device), len(classes)),
+                      f'{name}_fine': label_maps[name]}
 
     def monitor(encoder, epoch):
         if epoch % opt.knn_every and epoch != opt.epochs:
             return {}
         encoder.eval()
         bank, bank_y = extract_features(runtime, encoder, memory)
-        feats, y = extract_features(runtime, encoder, test)
+        feats, y = extract_features(runtime, encoder, queries)
         out = {}
         for key, (to, n_cls) in label_maps.items():
             pred = knn_predict(bank, to[bank_y], feats, n_cls, opt.knn_k, opt.knn_t)
@@ -120,7 +123,7 @@ def knn_monitor(opt):
                 idx = torch.as_tensor(few_shot_indices(labels.cpu().numpy(), opt.knn_shots, 0), device=labels.device)
                 pred = knn_predict(bank[idx], labels[idx], feats, n_cls, min(opt.knn_k, idx.numel()), opt.knn_t)
                 out[f'{key}_{opt.knn_shots}shot'] = 100.0 * (pred == to[y]).float().mean().item()
-        out['collapse/rankme_test'] = rankme(feats)      # effective rank of the unit test features
+        out[f'collapse/rankme_{part}'] = rankme(feats)      # effective rank of the unit query features
         return out
     return monitor
 
@@ -137,7 +140,8 @@ MONITOR = Feature(
     'kNN monitor', scripts=('supcon',), check=_check_monitor,
     resume_may_change=('knn_every', 'knn_k', 'knn_t', 'knn_shots'),
     flags={'--knn_every': dict(type=int, default=0, help='every N epochs (and at the last), weighted kNN accuracy of '
-                                                         'encoder features on the test split (0: off)'),
+                                                         'encoder features on the held-out part (--val_split), '
+                                                         'else on the test split (0: off)'),
            '--knn_k': dict(type=int, default=200, help='kNN monitor: neighbours'),
            '--knn_t': dict(type=float, default=0.1, help='kNN monitor: temperature of the vote weights'),
            '--knn_shots': dict(type=int, default=0, help='kNN monitor: also the accuracy with only K labelled '

@@ -62,10 +62,9 @@ def within_superclass_accuracy(train_feats, train_fine, test_feats, test_fine, c
 
 
 # ---------------------------------------------------------------- the probes' flags (core/flags.py)
-def _check_probes(shots, shot_draws, val_split, within_superclass, dataset):
+def _check_probes(shots, shot_draws, within_superclass, dataset):
     check(shots is None or shots >= 1, f'--shots must be >= 1 (K labelled images per class), got {shots}')
     check(shot_draws >= 1, f'--shot_draws must be >= 1, got {shot_draws}')
-    check(shots is None or val_split == 0, '--shots fits the probe to convergence: --val_split has no use')
     if within_superclass:
         coarse_labels(dataset)    # a one-line error for datasets without superclasses
 

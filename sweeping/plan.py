@@ -20,8 +20,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from config.recipe import load_yaml, tokens
+from config.recipe import load_yaml
 from core.flags import UserError, nearest_flags
+from sweeping.entries import (  # noqa: F401  (SCRIPTS, SweepError, folder_part: part of this module's API)
+    SCRIPTS,
+    SweepError,
+    argv_of,
+    axes_folder,
+    folder_part,
+    mapping,
+    parser_of,
+)
 from sweeping.launch import read_record, state
 from training.run_folder import RUN_IDENTITY
 
@@ -29,7 +38,6 @@ from training.run_folder import RUN_IDENTITY
 # command line is checked, not here: --status reads a sweep's folders without them.
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the repository
-SCRIPTS = {'main_supcon.py': 'supcon', 'main_ce.py': 'ce', 'main_linear.py': 'linear'}
 KEYS = {'name': 'the sweep\'s folder: <save_folder>/sweeps/<name>/',
         'description': 'one line for the table\'s heading',
         'save_folder': 'the root of the sweep\'s folder (default ./save; --save_folder overrides it)',
@@ -41,18 +49,15 @@ KEYS = {'name': 'the sweep\'s folder: <save_folder>/sweeps/<name>/',
         'evaluations': 'name -> the flags of an evaluation (main_linear.py on the stage-1 last.pth); a value '
                        '\'{flag}\' is the cell\'s stage-1 value of that flag',
         'compare': 'the table(s): baseline, metric, by, evaluation, train_metrics, rows, name',
-        'slurm': 'the SLURM launcher\'s settings (partition, time_min, gpus_per_node, ...)'}
-METHOD_KEYS = ('script', 'evaluate')                 # a method entry's keys that are not flags
+        'slurm': 'the SLURM launcher\'s settings (partition, time_min, gpus_per_node, ...)',
+        'tune': 'tuning before the seeded cells: trials, space, val_split, ... (docs/USAGE.md, "Tuning")'}
+METHOD_KEYS = ('script', 'evaluate', 'tune')         # a method entry's keys that are not flags
 COMPARE_KEYS = ('name', 'baseline', 'metric', 'by', 'evaluation', 'train_metrics', 'rows', 'methods')
 SLURM_KEYS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb', 'nodes', 'tasks_per_node',
               'array_parallelism', 'setup', 'account', 'qos', 'constraint', 'additional_parameters')
 STAGE1 = 'pretrain'       # the folder of a cell's first stage (pre-training, or main_ce.py's training)
 UNREAD = os.path.join(os.sep, 'stage-1-not-read')    # where an evaluation's --ckpt points while it is planned
 MAX_CELLS = 2000          # a larger grid is refused at once (planning parses every stage: about 10 ms each)
-
-
-class SweepError(UserError):
-    """Bad input in a sweep file: one line naming the file and the entry."""
 
 
 @dataclass
@@ -108,6 +113,7 @@ class Cell:
     seed: int
     folder: str
     stages: list
+    waiting: bool = False         # its method's tuning is not finished: its flags are not known yet
 
     @property
     def name(self):
@@ -132,6 +138,10 @@ class Sweep:
     compare: list
     slurm: dict
     text: str
+    tune: Optional[object] = None             # the tune: section (sweeping.tune_spec.TuneSpec), or None
+    base: dict = field(default_factory=dict)
+    entries: dict = field(default_factory=dict)       # label -> (script, flags, evaluations)
+    evaluation_flags: dict = field(default_factory=dict)   # evaluation -> its flags
 
     def select(self, patterns):
         """The cells whose name matches one of ``patterns`` (shell patterns: ``'SupCon *'``, ``'* seed 0'``)."""
@@ -142,11 +152,6 @@ class Sweep:
             raise SweepError(f'--only {" ".join(patterns)} matches no cell of {self.path} (cells are named like '
                              f'{self.cells[0].name!r})')
         return chosen
-
-
-def folder_part(text):
-    """A label as a folder name: no slash, no space."""
-    return re.sub(r'[/\s]+', '_', str(text)).replace('..', '_')
 
 
 def read(path, save_folder=None, check=True):
@@ -206,12 +211,13 @@ def read(path, save_folder=None, check=True):
                          'evaluation another name')
     if len({folder_part(e) for e in evaluations}) != len(evaluations):
         raise SweepError(f'{where} evaluations: two names give one folder name ({", ".join(evaluations)})')
-    entries = {}
+    entries, method_space = {}, {}
     for label, entry in methods.items():
         entry = dict(mapping(entry, f'{where} methods.{label}'))
         script = entry.pop('script', 'main_supcon.py')
         if script not in SCRIPTS or script == 'main_linear.py':
             raise SweepError(f'{where} methods.{label}.script: {script!r} is not main_supcon.py or main_ce.py')
+        tune_extra = entry.pop('tune', None)
         evaluate = entry.pop('evaluate', script == 'main_supcon.py')
         if evaluate is True:
             evaluate = list(evaluations)
@@ -229,6 +235,7 @@ def read(path, save_folder=None, check=True):
                 raise SweepError(f'{where} grid.{axis} sets {shared[0]}, which methods.{label} sets too: every value '
                                  'of the axis would run the same command; set it in one place')
         entries[str(label)] = (script, entry, list(evaluate))
+        method_space[str(label)] = tune_extra
     if len({folder_part(m) for m in entries}) != len(entries):
         raise SweepError(f'{where} methods: two labels give the same folder name')
     n_cells = len(entries) * math.prod(len(a) for a in axes.values()) * len(seeds)
@@ -236,6 +243,13 @@ def read(path, save_folder=None, check=True):
         raise SweepError(f'{where} {n_cells} cells ({len(entries)} methods x '
                          + ''.join(f'{len(a)} {k} x ' for k, a in axes.items())
                          + f'{len(seeds)} seeds): more than the {MAX_CELLS} a sweep plans; split it into several files')
+    tune = None
+    if data.get('tune') is not None:
+        from sweeping.tune_spec import read_spec
+        tune = read_spec(data['tune'], method_space, where, entries, axes, evaluations, base, check)
+    elif any(v is not None for v in method_space.values()):
+        label = next(k for k, v in method_space.items() if v is not None)
+        raise SweepError(f'{where} methods.{label}.tune: a method\'s own search space needs the file\'s tune: section')
     cells = []
     for method, (script, flags, evaluate) in entries.items():
         for axis, values in axes.items() if check else ():      # a misspelled flag of an axis is the axis's
@@ -247,35 +261,41 @@ def read(path, save_folder=None, check=True):
             for _, axis_flags in values:
                 stage1_flags.update(axis_flags)
             stage1_flags.update(flags)       # a method's own value wins over an axis's
+            tuned = tune.tuned(folder, method, chosen) if tune is not None else {}
+            stage1_flags.update(tuned or {})  # and the tuned values win over both
             for seed in seeds:
-                cell_folder = os.path.join(folder, 'runs', folder_part(method),
-                                           *([','.join(f'{folder_part(k)}={folder_part(v)}' for k, v in
-                                                       chosen.items())] if chosen else []), f'seed_{seed}')
-                stages = [Stage(STAGE1, script, [], os.path.join(cell_folder, STAGE1))]
-                if check:
-                    stages[0].argv = argv_of(script, {**base, **stage1_flags, 'seed': seed},
-                                             f'{where} methods.{method}', only_known=list(base))
-                for evaluation in evaluate:
-                    stage = Stage(evaluation, 'main_linear.py', [], os.path.join(cell_folder, folder_part(evaluation)),
-                                  reads=STAGE1)
-                    at = f'{where} evaluations.{evaluation}'
-                    own = {k: from_stage1(v, {**base, **stage1_flags}, f'{at}.{k}')
-                           for k, v in evaluations[evaluation].items()}
-                    if check:
-                        stage.argv = argv_of('main_linear.py', {**base, **own, 'seed': seed}, at,
-                                             only_known=list(base))
-                    stages.append(stage)
-                cells.append(Cell(method, chosen, seed, cell_folder, stages))
+                cell_folder = os.path.join(folder, 'runs', folder_part(method), *axes_folder(chosen), f'seed_{seed}')
+                stages = build_stages(script, {**stage1_flags, 'seed': seed}, {e: evaluations[e] for e in evaluate},
+                                      base, cell_folder, where, method, check)
+                cells.append(Cell(method, chosen, seed, cell_folder, stages, waiting=tune is not None and not tuned))
     compare = read_compare(data.get('compare'), where, entries, axes, evaluations)
     slurm = mapping(data.get('slurm', {}), f'{where} slurm')
     for key in slurm:
         if key not in SLURM_KEYS:
             raise SweepError(f'{where} slurm: unknown key {key!r} (the keys: {", ".join(SLURM_KEYS)})')
     sweep = Sweep(path, name, folder, str(data.get('description') or ''), cells, list(entries), axes,
-                  list(evaluations), compare, slurm, text)
+                  list(evaluations), compare, slurm, text, tune, base, entries, evaluations)
     if check:
         check_base(base, entries, evaluations, where)
     return sweep
+
+
+def build_stages(script, stage1_flags, evaluations, base, folder, where, method, check=True):
+    """The stages of one cell (or tuning trial) in ``folder``: stage 1 (``script`` with ``base`` and
+    ``stage1_flags``, its seed among them), then each of ``evaluations`` (``{name: its flags}``: main_linear.py on
+    the stage-1 last.pth, with the same seed). ``check=False``: no command line is built."""
+    seed = stage1_flags.get('seed')
+    stages = [Stage(STAGE1, script, [], os.path.join(folder, STAGE1))]
+    if check:
+        stages[0].argv = argv_of(script, {**base, **stage1_flags}, f'{where} methods.{method}', only_known=list(base))
+    for evaluation, flags in evaluations.items():
+        stage = Stage(evaluation, 'main_linear.py', [], os.path.join(folder, folder_part(evaluation)), reads=STAGE1)
+        at = f'{where} evaluations.{evaluation}'
+        own = {k: from_stage1(v, {**base, **stage1_flags}, f'{at}.{k}') for k, v in flags.items()}
+        if check:
+            stage.argv = argv_of('main_linear.py', {**base, **own, 'seed': seed}, at, only_known=list(base))
+        stages.append(stage)
+    return stages
 
 
 def from_stage1(value, stage1, where):
@@ -287,14 +307,6 @@ def from_stage1(value, stage1, where):
     if found.group(1) not in stage1:
         raise SweepError(f'{where}: {value} names a flag that stage 1 does not set (base, grid or the method)')
     return stage1[found.group(1)]
-
-
-def mapping(value, where):
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise SweepError(f'{where} must be a mapping (key: value), not a {type(value).__name__}: {value!r}')
-    return value
 
 
 def read_axes(grid, where):
@@ -361,37 +373,6 @@ def read_compare(spec, where, entries, axes, evaluations):
             raise SweepError(f'{at}.baseline: {baseline!r} is not one of its rows ({", ".join(labels)})')
         tables.append(table)
     return tables
-
-
-def parser_of(script):
-    """``script``'s parser (a file name), built once per process (``config.options.parser_of``)."""
-    from config.options import parser_of
-    return parser_of(SCRIPTS[script])
-
-
-def argv_of(script, flags, where, only_known=()):
-    """The command-line tokens of ``flags`` for ``script``'s parser. A key the parser does not have is one line
-    naming it and the nearest flags, except the keys of ``only_known`` (``base:``'s), which a script without them
-    leaves out."""
-    actions = {a.dest: a for a in parser_of(script)._actions if a.option_strings and a.dest != 'help'}
-    argv = []
-    for key, value in flags.items():
-        dest = str(key).replace('-', '_')
-        if dest not in actions:
-            if key in only_known:
-                continue
-            near = nearest_flags(dest, list(actions))
-            raise SweepError(f'{where}: {key} is not a flag of {script}' + (
-                f' (did you mean {", ".join(n.lstrip("-") for n in near)}?)' if near else ''))
-        if dest in ('save_folder', 'resume', 'ckpt'):
-            raise SweepError(f'{where}: {key} is set by the sweep (each cell has its own folder)')
-        if value is None:
-            continue
-        try:
-            argv += tokens(actions[dest], value, key, where.split(':')[0])
-        except UserError as e:
-            raise SweepError(f'{where}: {str(e).split(": ", 1)[-1]}') from None
-    return argv
 
 
 def check_base(base, entries, evaluations, where):

@@ -1,6 +1,7 @@
-"""The end of a sweep (``sweep.py``): ``table.md`` (each ``compare:`` table through ``compare.table``: mean ± std over
-seeds, paired differences from the baseline), ``figure.png`` (one per further table) and ``sweep.json`` (every cell:
-its flags, state, folders, results), written from the cells' folders and records, never from memory."""
+"""The end of a sweep (``sweep.py``): ``table.md`` (with ``tune:`` first the tuning's section, ``tune_report.py``; then
+each ``compare:`` table through ``compare.table``: mean ± std over seeds, paired differences from the baseline),
+``figure.png`` (one per further table) and ``sweep.json`` (every cell: its flags, state, folders, results; every
+trial), written from the cells' folders and records, never from memory."""
 import json
 import math
 import os
@@ -75,7 +76,10 @@ def write_results(sweep, cells, now):
         lines += [sweep.description, '']
     lines += [f'From `{shown(sweep.path)}`, {len(cells)} cells; '
               f'{sum(1 for s in now.values() if s == "done")} of {len(now)} stages done.', '']
-    figures, problems = [], []
+    figures, problems, tuning = [], [], None
+    if sweep.tune is not None:          # the tuning first: the chosen values, then the test comparison
+        from sweeping import tune_report
+        tuning = tune_report.write(sweep, lines, written)
     for i, table in enumerate(sweep.compare):
         metric = table['metric']
         title = table['name'] if len(sweep.compare) > 1 else None
@@ -122,7 +126,7 @@ def write_results(sweep, cells, now):
             name = 'figure.png' if i == 0 else f'figure_{sweep_plan.folder_part(table["name"])}.png'
             figure(panels, metric, os.path.join(sweep.folder, name), title or sweep.name)
             figures.append(name)
-    if any(s == 'done' for s in now.values()):
+    if any(s == 'done' for s in now.values()) or tuning:
         with open(os.path.join(sweep.folder, 'table.md'), 'w') as f:
             f.write('\n'.join(lines).rstrip() + '\n')
         written['table.md'] = os.path.join(sweep.folder, 'table.md')
@@ -130,6 +134,8 @@ def write_results(sweep, cells, now):
             written[name] = os.path.join(sweep.folder, name)
     record = {'sweep': sweep.name, 'file': os.path.abspath(sweep.path), 'folder': sweep.folder,
               'written': time.strftime('%Y-%m-%d %H:%M:%S'), 'cells': []}
+    if tuning is not None:
+        record['tuning'] = tuning
     for cell in cells:
         cell_record = sweep_run.read_record(cell.folder)
         record['cells'].append({

@@ -17,7 +17,7 @@ def opt_for(dataset, folder=None, size=16):
 
 
 def check(opt):
-    base = build_dataset(opt, True, build_transform(opt, 'eval'))
+    base = build_dataset(opt, 'train', build_transform(opt, 'eval'))
     ds = IndexedDataset(base)
     assert len(ds) == len(base) and ds.classes == base.classes and num_classes(ds) == num_classes(base)
     for i in (0, len(ds) - 1):
@@ -32,8 +32,8 @@ def check(opt):
 
 def test_digits():
     check(opt_for('digits'))
-    assert len(build_dataset(opt_for('digits'), True, None)) == 1437
-    assert len(build_dataset(opt_for('digits'), False, None)) == 360
+    assert len(build_dataset(opt_for('digits'), 'train', None)) == 1437
+    assert len(build_dataset(opt_for('digits'), 'test', None)) == 360
 
 
 def test_fake_cifar(tmp_path):

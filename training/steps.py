@@ -240,14 +240,15 @@ class CETraining:
     torchrun), the loss (``--loss``: cross-entropy, or :class:`losses.LogitAdjustedLoss` from ``class_counts``, the
     training samples per class), one-stage SupCon (``--supcon_weight w``: ``+ w * SupCon`` of the projections of
     the batch's views) and ``carrot`` (``--carrot``, on the penultimate features). ``model``: an unprepared
-    ``SupCEResNet`` to use instead of a new one. ``test_loader`` (and ``test_counts``, the training samples per
-    class for the shot groups): the split :meth:`evaluate_epoch` measures after every epoch."""
+    ``SupCEResNet`` to use instead of a new one. ``eval_loaders``: ``{part: loader}`` that :meth:`evaluate_epoch`
+    measures after every epoch (``val``: the held-out part; ``test``), with ``eval_counts`` (the training samples per
+    class, for the shot groups)."""
 
     def __init__(self, opt, num_classes: int, class_counts=None, model: Optional[SupCEResNet] = None,
-                 test_loader=None, test_counts=None):
+                 eval_loaders=None, eval_counts=None):
         self.runtime = runtime = call_hook(Runtime, opt)
         self.num_classes, self.print_freq = num_classes, opt.print_freq
-        self.test_loader, self.test_counts = test_loader, test_counts
+        self.eval_loaders, self.eval_counts = eval_loaders or {}, eval_counts
         self.chunk_size = opt.chunk_size
         if not opt.supcon_weight:          # one view: a batch (or chunk) of one image cannot train BatchNorm
             per = f'each of the {opt.world_size} processes' if opt.world_size > 1 else 'each step'
@@ -285,11 +286,15 @@ class CETraining:
         return loss, batch[1].shape[0], stats
 
     def evaluate_epoch(self, epoch: int) -> dict:
-        """Test loss, top-1, ECE, per-class and shot-group accuracy after every epoch (``loop.evaluate``)."""
-        if self.test_loader is None:
+        """Loss, top-1, ECE, per-class and shot-group accuracy of every part of ``eval_loaders`` after every epoch
+        (``loop.evaluate``)."""
+        if not self.eval_loaders:
             return {}
         self.model.eval()
-        return evaluate(self.runtime, self.test_loader, self.model, 'test', self.num_classes, self.test_counts)
+        out = {}
+        for part, loader in self.eval_loaders.items():
+            out.update(evaluate(self.runtime, loader, self.model, part, self.num_classes, self.eval_counts))
+        return out
 
     def step(self, images, labels: torch.Tensor,
              backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -25,12 +25,12 @@ def _opt(tmp_path, dataset, **kw):
 def test_long_tail_counts_follow_the_exponential_profile(tmp_path):
     from data import build_dataset, class_counts, long_tail_counts
     make_fake_cifar(tmp_path, n_train=1000, n_test=100)        # 100 training images per class
-    lt = build_dataset(_opt(tmp_path, 'cifar10_lt'), True, None)
+    lt = build_dataset(_opt(tmp_path, 'cifar10_lt'), 'train', None)
     want = [int(100 * 0.1 ** (c / 9)) for c in range(10)]
     assert class_counts(lt) == want == long_tail_counts(100, 10, 0.1)
     assert want[0] == 100 and want[-1] == 10
-    assert class_counts(build_dataset(_opt(tmp_path, 'cifar10_lt'), False, None)) == [10] * 10   # balanced test
-    again = build_dataset(_opt(tmp_path, 'cifar10_lt'), True, None)
+    assert class_counts(build_dataset(_opt(tmp_path, 'cifar10_lt'), 'test', None)) == [10] * 10   # balanced test
+    again = build_dataset(_opt(tmp_path, 'cifar10_lt'), 'train', None)
     assert again.indices == lt.indices                                    # a fixed subset
 
 
@@ -40,8 +40,8 @@ def test_cifar100_coarse_mapping_on_a_fake_file(tmp_path):
     assert sorted(set(CIFAR100_COARSE)) == list(range(20))
     assert np.bincount(CIFAR100_COARSE).tolist() == [5] * 20
     assert CIFAR100_COARSE[:5] == [4, 1, 14, 8, 0]          # apple, aquarium_fish, baby, bear, beaver
-    fine = build_dataset(_opt(tmp_path, 'cifar100'), True, None)
-    coarse = build_dataset(_opt(tmp_path, 'cifar100'), True, None, 'coarse')
+    fine = build_dataset(_opt(tmp_path, 'cifar100'), 'train', None)
+    coarse = build_dataset(_opt(tmp_path, 'cifar100'), 'train', None, 'coarse')
     assert num_classes(fine) == 100 and num_classes(coarse) == 20 and coarse.classes[0] == 'aquatic_mammals'
     assert coarse.targets == [CIFAR100_COARSE[y] for y in fine.targets] and coarse.fine_targets == fine.targets
     assert coarse[7][1] == CIFAR100_COARSE[fine[7][1]]
@@ -51,10 +51,10 @@ def test_digits_coarse_grouping():
     from data import DIGITS_COARSE, Digits, build_dataset
     assert np.bincount(DIGITS_COARSE).tolist() == [2] * 5
     opt = make_options(dataset='digits', size=16, label_granularity='coarse')
-    coarse = build_dataset(opt, True, None)
+    coarse = build_dataset(opt, 'train', None)
     assert coarse.targets == [DIGITS_COARSE[y] for y in Digits(True).targets]
     with pytest.raises(Exception, match='coarse labels'):
-        build_dataset(make_options(dataset='cifar10', size=32, data_folder='/none'), True, None, 'coarse')
+        build_dataset(make_options(dataset='cifar10', size=32, data_folder='/none'), 'train', None, 'coarse')
 
 
 @pytest.mark.slow
@@ -115,14 +115,14 @@ def test_digits_lt_follows_the_profile_with_a_balanced_test_split():
     from data import build_dataset, class_counts, long_tail_counts
     flags = dict(dataset='digits_lt', size=16, imb_factor=0.1)
     opt = make_options(**flags)
-    full = class_counts(build_dataset(make_options(**{**flags, 'dataset': 'digits'}), True, None))
-    lt = class_counts(build_dataset(opt, True, None))
+    full = class_counts(build_dataset(make_options(**{**flags, 'dataset': 'digits'}), 'train', None))
+    lt = class_counts(build_dataset(opt, 'train', None))
     # class c keeps int(n_max * 0.1^(c/9)) images, or all it has (digits' classes differ a little in size)
     assert lt == [min(n, want) for n, want in zip(full, long_tail_counts(max(full), 10, 0.1))]
     assert lt[-1] == int(max(full) * 0.1)
-    assert class_counts(build_dataset(opt, False, None)) == class_counts(
-        build_dataset(make_options(**{**flags, 'dataset': 'digits'}), False, None))    # test: as digits
-    rare = class_counts(build_dataset(make_options(**{**flags, 'imb_factor': 0.01}), True, None))
+    assert class_counts(build_dataset(opt, 'test', None)) == class_counts(
+        build_dataset(make_options(**{**flags, 'dataset': 'digits'}), 'test', None))    # test: as digits
+    rare = class_counts(build_dataset(make_options(**{**flags, 'imb_factor': 0.01}), 'train', None))
     assert rare[-1] == 1 and min(rare) == 1
 
 
@@ -258,12 +258,12 @@ def test_labelled_fraction_is_stratified_fixed_and_keeps_every_class():
     assert np.array_equal(chosen, labelled_fraction(targets, 0.1)) and np.array_equal(chosen, np.sort(chosen))
     assert not np.array_equal(chosen, labelled_fraction(targets, 0.1, seed=1))
     flags = dict(dataset='digits_lt', size=8, imb_factor=0.1)
-    whole = build_dataset(make_options('ce', **flags), True, None)
+    whole = build_dataset(make_options('ce', **flags), 'train', None)
     opt = make_options('ce', **flags, label_fraction=0.1)
-    part = build_dataset(opt, True, None)
+    part = build_dataset(opt, 'train', None)
     assert set(part.indices) <= set(whole.indices) and len(set(part.targets)) == 10
     assert np.bincount(part.targets).tolist() == [max(1, round(0.1 * n)) for n in np.bincount(whole.targets)]
-    assert len(build_dataset(opt, False, None)) == len(build_dataset(make_options('ce', **flags), False,
+    assert len(build_dataset(opt, 'test', None)) == len(build_dataset(make_options('ce', **flags), 'test',
                                                                     None))    # the test split is whole
 
 
@@ -317,7 +317,7 @@ def test_stl10_trains_simclr_on_the_unlabelled_split_and_evaluates_on_the_labell
     from data import build_dataset
     root = make_fake_stl10(tmp_path / 'data')
     opt = make_options(dataset='stl10', data_folder=root, size=96)
-    train = build_dataset(opt, True, None)
+    train = build_dataset(opt, 'train', None)
     assert len(train) == 20 and train.data.shape == (20, 96, 96, 3) and train.targets[:3] == [0, 1, 2]
     common = ['--data_folder', root, '--size', 16, '--model', 'resnet_tiny', '--batch_size', 16, '--num_workers', 0,
               '--device', 'cpu', '--epochs', 1, '--print_freq', 1000]
@@ -351,12 +351,12 @@ def test_imagenet100_and_tinyimagenet_layouts(tmp_path):
             image().save(net / split / wnid / 'a.JPEG')
     opt = parse_option('supcon', ['--dataset', 'imagenet100', '--data_folder', str(net)])
     assert (opt.size, opt.stem, mean_std(opt.dataset, None, None)[0][0]) == (224, 'imagenet', 0.485)
-    train = build_dataset(opt, True, None)
+    train = build_dataset(opt, 'train', None)
     assert len(train.classes) == 100 and 'n99999999' not in train.classes and len(train) == 100
     import shutil
     shutil.rmtree(net / 'val' / IMAGENET100_CLASSES[5])
     with pytest.raises(Exception, match='lacks 1 of the 100 class folders'):
-        build_dataset(opt, False, None)
+        build_dataset(opt, 'test', None)
     tiny = tmp_path / 'tiny'
     wnids = ['n01443537', 'n01629819', 'n01641577']
     for wnid in wnids:
@@ -370,7 +370,7 @@ def test_imagenet100_and_tinyimagenet_layouts(tmp_path):
             f.write(f'val_{i}.JPEG\t{wnid}\t0\t0\t8\t8\n')
     opt = parse_option('ce', ['--dataset', 'tinyimagenet', '--data_folder', str(tiny)])
     assert (opt.size, opt.stem) == (64, 'cifar')
-    train, val = build_dataset(opt, True, None), build_dataset(opt, False, None)
+    train, val = build_dataset(opt, 'train', None), build_dataset(opt, 'test', None)
     assert train.classes == wnids and len(train) == 6 and val.targets == [2, 0] and val[0][1] == 2
 
 

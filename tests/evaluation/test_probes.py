@@ -64,40 +64,42 @@ def noise_opt(noise, seed=0, kind='symmetric'):
 
 def test_label_noise_flips_the_stated_fraction_of_training_labels_only():
     from data import build_dataset
-    clean = build_dataset(noise_opt(0.0), True, None).targets
+    clean = build_dataset(noise_opt(0.0), 'train', None).targets
     for p in (0.2, 0.4):
-        noisy = build_dataset(noise_opt(p), True, None)
+        noisy = build_dataset(noise_opt(p), 'train', None)
         changed = sum(a != b for a, b in zip(clean, noisy.targets))
         assert stats.binomtest(changed, len(clean), p).pvalue > 1e-3
         assert changed == noisy.label_noise['n_flipped'] and noisy.label_noise['fraction'] == p
         assert noisy.fine_targets == clean                       # the clean labels are kept beside them
         assert [noisy.targets[i] != clean[i] for i in noisy.label_noise['flipped']] == [True] * changed
-    assert build_dataset(noise_opt(0.4), True, None).targets == build_dataset(noise_opt(0.4), True, None).targets
-    assert build_dataset(noise_opt(0.4, 1), True, None).targets != build_dataset(noise_opt(0.4), True, None).targets
-    assert build_dataset(noise_opt(0.4), False, None).targets == build_dataset(noise_opt(0.0), False, None).targets
+    def targets(opt, part='train'):
+        return build_dataset(opt, part, None).targets
+    assert targets(noise_opt(0.4)) == targets(noise_opt(0.4))
+    assert targets(noise_opt(0.4, 1)) != targets(noise_opt(0.4))
+    assert targets(noise_opt(0.4), 'test') == targets(noise_opt(0.0), 'test')
     # symmetric: a flipped label goes to each other class about equally often
-    noisy = build_dataset(noise_opt(0.4), True, None)
+    noisy = build_dataset(noise_opt(0.4), 'train', None)
     moved = [(noisy.targets[i] - clean[i]) % 10 for i in noisy.label_noise['flipped']]
     assert stats.chisquare(np.bincount(moved, minlength=10)[1:]).pvalue > 1e-3
 
 
 def test_pairflip_noise_moves_a_label_to_the_next_class_only():
     from data import build_dataset
-    clean = build_dataset(noise_opt(0.0), True, None).targets
-    noisy = build_dataset(noise_opt(0.4, kind='pairflip'), True, None)
+    clean = build_dataset(noise_opt(0.0), 'train', None).targets
+    noisy = build_dataset(noise_opt(0.4, kind='pairflip'), 'train', None)
     assert noisy.label_noise['kind'] == 'pairflip'
     changed = sum(a != b for a, b in zip(clean, noisy.targets))
     assert changed == noisy.label_noise['n_flipped'] and stats.binomtest(changed, len(clean), 0.4).pvalue > 1e-3
     assert {(noisy.targets[i] - clean[i]) % 10 for i in noisy.label_noise['flipped']} == {1}
     # the same draw of which labels flip as symmetric noise with the seed: only where they go differs
-    assert noisy.label_noise['flipped'] == build_dataset(noise_opt(0.4), True, None).label_noise['flipped']
+    assert noisy.label_noise['flipped'] == build_dataset(noise_opt(0.4), 'train', None).label_noise['flipped']
 
 
 def test_coarse_labels_are_noised_after_the_mapping():
     from data import DIGITS_COARSE, build_dataset
     opt = noise_opt(0.3)
     opt.label_granularity = 'coarse'
-    noisy = build_dataset(opt, True, None)
+    noisy = build_dataset(opt, 'train', None)
     assert set(noisy.targets) == set(range(5))
     changed = sum(a != DIGITS_COARSE[f] for a, f in zip(noisy.targets, noisy.fine_targets))
     assert changed == noisy.label_noise['n_flipped'] > 0

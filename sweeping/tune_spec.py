@@ -1,0 +1,245 @@
+"""A sweep file's ``tune:`` section read and checked (docs/USAGE.md, "Tuning"): the budget of trials every method gets
+per combination of the grid's values, the search space (flag -> range, log scale or choices; a method may add its own
+flags under its ``tune:`` key), the held-out split the trials select on, the objective and the pruning; and where each
+study keeps its chosen values (``best.json``), which the seeded cells then run with.
+
+Nothing here imports Optuna or runs anything; ``sweeping/tune.py`` runs the studies.
+"""
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from core.flags import UserError, nearest_flags
+from sweeping.entries import SCRIPTS, SweepError, argv_of, axes_folder, folder_part, parser_of
+
+KEYS = {'trials': 'the budget: trials of every method per combination of the grid\'s values (>= 1)',
+        'space': 'flag -> {low, high, log} or {choices: [...]}: what every method tunes (the flags its script has)',
+        'val_split': 'the held-out fraction of the training set the trials select on (default 0.2)',
+        'split_seed': 'the seed of the held-out draw (default 0)',
+        'seed': 'the sampler\'s seed and the trials\' --seed (default 0)',
+        'metric': 'the objective, from the trial\'s evaluation: final_val_acc (default), best_val_acc, final_val_nll '
+                  'or final_val_ece',
+        'evaluation': 'the evaluation whose held-out result is the objective (default: the first; a method without '
+                      'it: its stage 1\'s own)',
+        'pruning': 'successive halving on the per-epoch held-out accuracy: {min_epochs: 1, reduction: 3}, or false',
+        'startup_trials': 'trials drawn at random before TPE models the results (default: a third of the budget, '
+                          'at least 2)',
+        'storage': 'an Optuna RDB URL (sqlite:///..., postgresql://...) instead of the journal file in the sweep '
+                   'folder'}
+RANGE_KEYS = ('low', 'high', 'log', 'choices')
+METRICS = {'final_val_acc': 'maximize', 'best_val_acc': 'maximize', 'final_val_nll': 'minimize',
+           'final_val_ece': 'minimize'}
+BEST = 'best.json'          # a finished study's chosen values, in its folder
+
+
+@dataclass
+class Range:
+    """One flag's search space: ``low``..``high`` (``log``: on a log scale; ``integer``: whole numbers), or
+    ``choices``."""
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+    integer: bool = False
+    choices: Optional[list] = None
+
+    def midpoint(self):
+        if self.choices is not None:
+            return self.choices[0]
+        mid = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2
+        return int(round(mid)) if self.integer else mid
+
+
+@dataclass
+class TuneSpec:
+    trials: int
+    space: dict                       # flag -> Range, for every method
+    method_space: dict                # method -> {flag -> Range}: a method's own flags
+    applies: dict = field(default_factory=dict)     # method -> [flags of the space that its runs take]
+    val_split: float = 0.2
+    split_seed: int = 0
+    seed: int = 0
+    metric: str = 'final_val_acc'
+    evaluation: Optional[str] = None
+    pruning: Optional[dict] = field(default_factory=lambda: {'min_epochs': 1, 'reduction': 3})
+    startup_trials: int = 2
+    storage: Optional[str] = None
+
+    @property
+    def direction(self):
+        return METRICS[self.metric]
+
+    def space_of(self, method):
+        """``{flag: Range}`` that ``method`` tunes: the shared flags its runs take, and its own."""
+        return {**{f: self.space[f] for f in self.applies.get(method, self.space)}, **self.method_space.get(method, {})}
+
+    def tuned(self, sweep_folder, method, chosen):
+        """The flags the study of ``method`` at the grid's values ``chosen`` chose (its best.json), or ``None`` while
+        the study is not finished."""
+        try:
+            with open(os.path.join(study_folder(sweep_folder, method, chosen), BEST)) as f:
+                return json.load(f)['flags']
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def study_folder(sweep_folder, method, chosen):
+    """``<sweep>/tune/<method>[/<axis=value,...>]``: a study's trials and its best.json."""
+    return os.path.join(sweep_folder, 'tune', folder_part(method), *axes_folder(chosen))
+
+
+def study_name(sweep_name, method, chosen):
+    """The study's name in its storage: the sweep, the method and the grid's values (one storage may hold many)."""
+    return ':'.join([sweep_name, method, *(f'{k}={v}' for k, v in chosen.items())])
+
+
+def read_range(spec, at, dest, action):
+    if not isinstance(spec, dict):
+        raise UserError(f'{at}: give {{low: A, high: B}} (log: true for a log scale) or {{choices: [...]}}, got '
+                        f'{spec!r}')
+    for key in spec:
+        if key not in RANGE_KEYS:
+            raise UserError(f'{at}: unknown key {key!r} (the keys: {", ".join(RANGE_KEYS)})')
+    if 'choices' in spec:
+        choices = spec['choices']
+        if not isinstance(choices, list) or not choices or set(spec) - {'choices'}:
+            raise UserError(f'{at}: choices must be a non-empty list, alone (no low/high)')
+        return Range(choices=choices)
+    if 'low' not in spec or 'high' not in spec:
+        raise UserError(f'{at}: give both low and high')
+    low, high, log = spec['low'], spec['high'], spec.get('log', False)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+        raise UserError(f'{at}: low and high must be numbers, got {low!r} and {high!r}')
+    if not isinstance(log, bool):
+        raise UserError(f'{at}: log must be true or false, got {log!r}')
+    if not low < high:
+        raise UserError(f'{at}: the range is {"empty" if low == high else "reversed"} (low {low}, high {high}): '
+                        'give low < high')
+    if log and low <= 0:
+        raise UserError(f'{at}: a log scale needs low > 0, got {low}')
+    integer = action.type is int
+    if integer and (int(low) != low or int(high) != high):
+        raise UserError(f'{at}: --{dest} takes whole numbers, got low {low}, high {high}')
+    if action.type not in (int, float):
+        raise UserError(f'{at}: --{dest} is not a number: give {{choices: [...]}}')
+    return Range(int(low) if integer else float(low), int(high) if integer else float(high), log, integer)
+
+
+def read_space(space, at, actions):
+    """``{flag: Range}`` of a ``space:`` mapping; ``actions``: ``{dest: argparse action}`` of every script the flags
+    may belong to."""
+    if not isinstance(space, dict):
+        raise UserError(f'{at} must be a mapping (flag: {{low: A, high: B}}), not {type(space).__name__}')
+    out = {}
+    for flag, spec in space.items():
+        dest = str(flag).replace('-', '_')
+        if dest not in actions:
+            near = nearest_flags(dest, list(actions))
+            raise UserError(f'{at}.{flag}: {flag} is not a flag of the sweep\'s scripts'
+                            + (f' (did you mean {", ".join(n.lstrip("-") for n in near)}?)' if near else ''))
+        if dest in ('seed', 'val_split', 'split_seed', 'eval_split', 'save_folder', 'resume', 'ckpt'):
+            raise UserError(f'{at}.{flag}: {flag} is set by the tuning itself, not searched')
+        out[dest] = read_range(spec, f'{at}.{flag}', dest, actions[dest])
+    return out
+
+
+def read_spec(data, method_space, where, entries, axes, evaluations, base, check=True):
+    """The :class:`TuneSpec` of a file's ``tune:`` (``data``) and its methods' ``tune:`` keys (``method_space``:
+    label -> mapping or None); a :class:`sweeping.plan.SweepError` naming the file and the entry for anything it
+    cannot run. ``entries``: label -> (script, flags, evaluations)."""
+    at = f'{where} tune'
+    try:
+        if not isinstance(data, dict):
+            raise UserError(f'{at} must be a mapping (trials:, space:, ...), not {type(data).__name__}')
+        for key in data:
+            if key not in KEYS:
+                near = nearest_flags(str(key), list(KEYS))
+                raise UserError(f'{at}: unknown key {key!r} (the keys: {", ".join(KEYS)})'
+                                + (f'; did you mean {near[0].lstrip("-")}?' if near else ''))
+        trials = data.get('trials')
+        if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+            raise UserError(f'{at}.trials: the budget must be a whole number >= 1, got {trials!r}')
+        scripts = {script for script, _, _ in entries.values()}
+        actions = {}
+        for script in sorted(scripts):
+            actions.update({a.dest: a for a in parser_of(script)._actions if a.option_strings and a.dest != 'help'})
+        space = read_space(data.get('space') or {}, f'{at}.space', actions)
+        own = {}
+        for method, extra in method_space.items():
+            if extra is not None:
+                script = entries[method][0]
+                mine = {a.dest: a for a in parser_of(script)._actions if a.option_strings and a.dest != 'help'}
+                own[method] = read_space(extra, f'{where} methods.{method}.tune', mine)
+        if not space and not any(own.values()):
+            raise UserError(f'{at}.space is empty: give at least one flag to tune (learning_rate: {{low: 0.02, '
+                            f'high: 1.0, log: true}})')
+        for axis, values in axes.items():
+            for flags in values.values():
+                shared = sorted({str(k).replace('-', '_') for k in flags} & (set(space) | {f for o in own.values()
+                                                                                          for f in o}))
+                if shared:
+                    raise UserError(f'{where} grid.{axis} sets {shared[0]}, which tune: searches: every value of the '
+                                    'axis would be tuned away; set it in one place')
+        val_split = data.get('val_split', 0.2)
+        if not isinstance(val_split, (int, float)) or isinstance(val_split, bool) or not 0 < val_split < 1:
+            raise UserError(f'{at}.val_split must be in (0, 1): the trials select on held-out data, got '
+                            f'{val_split!r}')
+        ints = {}
+        for key in ('split_seed', 'seed', 'startup_trials'):
+            value = data.get(key, 0 if key != 'startup_trials' else max(2, trials // 3))
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f'{at}.{key} must be a whole number >= 0, got {value!r}')
+            ints[key] = value
+        metric = data.get('metric', 'final_val_acc')
+        if metric not in METRICS:
+            raise UserError(f'{at}.metric: no trial writes {metric!r}: a trial\'s held-out result holds '
+                            f'{", ".join(METRICS)}')
+        evaluation = data.get('evaluation', next(iter(evaluations), None))
+        if evaluation is not None and evaluation not in evaluations:
+            raise UserError(f'{at}.evaluation: {evaluation!r} is not an evaluation of the file '
+                            f'({", ".join(evaluations) or "none"})')
+        pruning = data.get('pruning', {'min_epochs': 1, 'reduction': 3})
+        if pruning is True:
+            pruning = {'min_epochs': 1, 'reduction': 3}
+        if pruning is not False and pruning is not None:
+            if not isinstance(pruning, dict) or set(pruning) - {'min_epochs', 'reduction'}:
+                raise UserError(f'{at}.pruning: give {{min_epochs: 1, reduction: 3}} or false, got {pruning!r}')
+            pruning = {'min_epochs': pruning.get('min_epochs', 1), 'reduction': pruning.get('reduction', 3)}
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in pruning.values()) or \
+                    pruning['min_epochs'] < 1 or pruning['reduction'] < 2:
+                raise UserError(f'{at}.pruning: min_epochs >= 1 and reduction >= 2 (whole numbers), got {pruning}')
+        else:
+            pruning = None
+        storage = data.get('storage')
+        if storage is not None and (not isinstance(storage, str) or '://' not in storage):
+            raise UserError(f'{at}.storage: an RDB URL (sqlite:///path.db, postgresql://user@host/db), got '
+                            f'{storage!r}')
+    except SweepError:
+        raise
+    except UserError as e:
+        raise SweepError(str(e)) from None
+    spec = TuneSpec(trials, space, own, val_split=float(val_split), metric=metric, evaluation=evaluation,
+                    pruning=pruning, storage=storage, **ints)
+    if check:
+        spec.applies = {method: [f for f in space if takes(script, {**base, **flags}, f, space[f])]
+                        for method, (script, flags, _) in entries.items()}
+    return spec
+
+
+def takes(script, flags, flag, rng):
+    """Whether a run of ``script`` with ``flags`` takes ``flag`` (its parser has it, and a command line with the
+    range's midpoint is accepted: main_ce.py's --temp needs --supcon_weight, so CE does not tune a temperature)."""
+    if flag not in {a.dest for a in parser_of(script)._actions}:
+        return False
+    import contextlib
+    import io
+
+    from config.options import parse_option
+    try:
+        argv = argv_of(script, {**flags, flag: rng.midpoint()}, 'tune', only_known=list(flags))
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            parse_option(SCRIPTS[script], argv)
+    except (UserError, SweepError, SystemExit):
+        return False
+    return True
