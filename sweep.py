@@ -339,6 +339,10 @@ def main(argv=None):
             print(tuning_status(sweep, cells))
         print(table)
         if args.dry_run:
+            waiting = {(c.method, tuple(c.axes.items())) for c in cells if c.waiting}
+            if waiting:
+                print(f'\nwould tune first: {len(waiting)} studies x {sweep.tune.trials} trials (the trials not run '
+                      'yet, then the seeded cells with the chosen values)')
             tasks = to_run(cells, now, args.retry_failed)
             print(f'\nwould run {sum(len(s) for _, s in tasks)} stages' + (' (and the evaluations of the stage-1 runs '
                                                                            'they finish)' if tasks else ''))

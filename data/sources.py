@@ -95,8 +95,11 @@ class Digits(Dataset):
         return (self.transform(img) if self.transform else img), self.targets[index]
 
 
-def _cifar_files(cls):
-    return [name for name, _ in cls.train_list + cls.test_list] + [cls.meta['filename']]
+def _cifar_files(cls, train=None):
+    """The files of a CIFAR split (``train``: the training batches, else the test batch; ``None``: both) and the
+    meta file: a split is read from its own files (a run that reads no test image needs no test file)."""
+    parts = {None: cls.train_list + cls.test_list, True: cls.train_list, False: cls.test_list}[train]
+    return [name for name, _ in parts] + [cls.meta['filename']]
 
 
 class _FilesPresentMixin:
@@ -136,7 +139,7 @@ class _FilesPresentMixin:
 
     def _check_integrity(self):
         folder = os.path.join(self.root, self.base_folder)
-        return all(os.path.isfile(os.path.join(folder, name)) for name in _cifar_files(type(self)))
+        return all(os.path.isfile(os.path.join(folder, name)) for name in _cifar_files(type(self), self.train))
 
     def _load_meta(self):
         with open(os.path.join(self.root, self.base_folder, self.meta['filename']), 'rb') as f:
@@ -156,9 +159,10 @@ def _cifar(cls):
     """Loader of CIFAR-10 or CIFAR-100 files under ``--data_folder`` (downloaded when missing and online)."""
     def load(data_folder, size, train, transform):
         where = os.path.join(data_folder, cls.base_folder)
-        present = all(os.path.isfile(os.path.join(where, name)) for name in _cifar_files(cls))
+        present = all(os.path.isfile(os.path.join(where, name)) for name in _cifar_files(cls, train))
         return read_files(lambda: cls(data_folder, train=train, transform=transform, download=not present),
-                          cls.__name__.lower(), where, f'the python-version files ({", ".join(_cifar_files(cls))})')
+                          cls.__name__.lower(), where,
+                          f'the python-version files ({", ".join(_cifar_files(cls, train))})')
     return load
 
 

@@ -295,7 +295,9 @@ class Tuner:
                 if epoch not in reported:
                     trial.report(value, epoch)
                     reported.add(epoch)
-            if outcome is None and launcher.stage.name == STAGE1 and reported and trial.should_prune():
+            # asked after every report, also of a run that has ended: the pruner records the rungs a trial reached
+            prune = bool(reported) and trial.should_prune()
+            if prune and outcome is None and launcher.stage.name == STAGE1:
                 launcher.stop('pruned')
                 opt_study.tell(trial, state=state.PRUNED)
                 self.record(study, opt_study)

@@ -199,6 +199,11 @@ def read_spec(data, method_space, where, entries, axes, evaluations, base, check
         if evaluation is not None and evaluation not in evaluations:
             raise UserError(f'{at}.evaluation: {evaluation!r} is not an evaluation of the file '
                             f'({", ".join(evaluations) or "none"})')
+        for method, (script, _, evaluate) in entries.items():
+            if script == 'main_supcon.py' and evaluation not in evaluate:
+                raise UserError(f'{at}: methods.{method} is tuned on its evaluation\'s held-out result, and it has '
+                                f'{"no evaluation" if evaluation is None else f"no evaluation {evaluation}"}: add '
+                                'linear: to the file (pre-training alone measures nothing to select on)')
         pruning = data.get('pruning', {'min_epochs': 1, 'reduction': 3})
         if pruning is True:
             pruning = {'min_epochs': 1, 'reduction': 3}

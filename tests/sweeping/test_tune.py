@@ -1,0 +1,261 @@
+"""Tuning in a sweep (sweeping/tune_spec.py, sweeping/tune.py, sweeping/tune_report.py), with real Optuna: bad
+``tune:`` input as one line before anything runs; equal budgets; the chosen values the argmax of the trials' held-out
+results; no trial reading the test split (a dataset without one); a seeded study proposing the same trials again, also
+after ``kill -9``, with no trial redone and no budget exceeded; a pruned trial's run stopped early; the SLURM path on
+the real one-node cluster; the expected-best curve against a brute-force computation."""
+import itertools
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+from test_sweep import SLURM, TINY, sweep, write
+
+from helpers import ROOT, assert_one_line_error, make_fake_cifar, run_in_process, script_env
+
+SPACE = {'learning_rate': {'low': 0.02, 'high': 1.0, 'log': True}, 'temp': {'low': 0.05, 'high': 0.5, 'log': True}}
+
+
+def tuned(path, **changes):
+    """SupCon (with its linear evaluation) and CE, tuned with 3 trials each, 2 test seeds."""
+    spec = dict(name='tuned', base={**TINY, 'epochs': 3},
+                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1},
+                         'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}},
+                seeds=[0, 1], linear={'epochs': 1, 'learning_rate': 1},
+                tune={'trials': 3, 'space': SPACE, 'val_split': 0.2}, compare={'baseline': 'SupCon'})
+    spec.update(changes)
+    return write(path, **spec)
+
+
+def ce_only(path, trials=3, epochs=1, **changes):
+    """One CE study (one process per trial): the cheapest tuning."""
+    spec = dict(name='ce', base={**TINY, 'epochs': epochs}, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0],
+                linear=None, compare=None, tune={'trials': trials, 'space': {'learning_rate': SPACE['learning_rate']},
+                                                 'val_split': 0.2, 'pruning': False})
+    spec.update(changes)
+    return tuned(path, **spec)
+
+
+def study(folder, method):
+    return json.loads((pathlib.Path(folder) / 'tune' / method / 'study.json').read_text())
+
+
+def results_of(trial_folder):
+    return [json.loads(p.read_text()) for p in pathlib.Path(trial_folder).rglob('results.json')]
+
+
+# ---------------------------------------------------------------- bad input: one line, nothing runs
+@pytest.mark.parametrize('change, words', [
+    ({'space': {'lerning_rate': {'low': 0.1, 'high': 1}}}, ['tune.space.lerning_rate', 'not a flag',
+                                                             'learning_rate']),
+    ({'space': {'learning_rate': {'low': 0.1, 'high': 0.1}}}, ['tune.space.learning_rate', 'empty']),
+    ({'space': {'learning_rate': {'low': 1.0, 'high': 0.1}}}, ['tune.space.learning_rate', 'reversed']),
+    ({'space': {'learning_rate': {'low': 0, 'high': 1, 'log': True}}}, ['log scale needs low > 0']),
+    ({'space': {'seed': {'low': 0, 'high': 3}}}, ['set by the tuning itself']),
+    ({'space': {}}, ['tune.space is empty']),
+    ({'trials': 0}, ['tune.trials', 'budget', '>= 1']),
+    ({'trials': 2.5}, ['tune.trials', 'budget']),
+    ({'metric': 'final_test_acc'}, ['tune.metric', 'no trial writes', 'final_val_acc']),
+    ({'val_split': 0}, ['tune.val_split', '(0, 1)']),
+    ({'trails': 3}, ["unknown key 'trails'", 'trials']),
+    ({'storage': 'results.db'}, ['tune.storage', 'RDB URL']),
+    ({'pruning': {'min_epochs': 0}}, ['tune.pruning']),
+])
+def test_bad_tune_input_is_one_line_naming_the_file_and_the_entry(tmp_path, change, words):
+    path = tuned(tmp_path / 's.yaml', tune={'trials': 3, 'space': SPACE, **change})
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save')
+    assert_one_line_error(out, str(path), *words)
+    assert not (tmp_path / 'save').exists()             # before anything runs
+
+
+def test_other_bad_tuning_files_are_one_line(tmp_path):
+    """An axis over a tuned flag; a method's own space without tune:; SupCon without an evaluation to select on."""
+    space = {**SPACE, 'weight_decay': {'low': 1e-5, 'high': 1e-3, 'log': True}}
+    cases = [(tuned(tmp_path / 'a.yaml', grid={'weight_decay': [0, 1e-4]}, tune={'trials': 3, 'space': space}),
+              'grid.weight_decay sets weight_decay, which tune: searches'),
+             (tuned(tmp_path / 'b.yaml', tune=None, methods={'SupCon': {'tune': {'temp': {'low': 0.1, 'high': 1}}}}),
+              "a method's own search space needs the file's tune: section"),
+             (tuned(tmp_path / 'c.yaml', linear=None, compare=None), 'methods.SupCon is tuned on its evaluation')]
+    for path, words in cases:
+        assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save'), words)
+
+
+def test_a_sweep_without_tune_does_not_import_optuna(tmp_path):
+    path = write(tmp_path / 's.yaml', name='plain', base=TINY, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0])
+    code = ('import sys; import sweep\ntry:\n    sweep.main([sys.argv[1], "--dry-run", "--save_folder", sys.argv[2]])\n'
+            'finally:\n    print("optuna" in sys.modules)')
+    out = subprocess.run([sys.executable, '-c', code, str(path), str(tmp_path / 'save')], cwd=ROOT,
+                         capture_output=True, text=True, env=script_env(), timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == 'False', out.stdout + out.stderr
+
+
+def test_the_expected_best_of_n_trials_is_the_mean_maximum_over_all_draws():
+    """Dodge et al.'s formula against the mean of max over every n-tuple drawn with replacement."""
+    from sweeping.tune_report import expected_best
+    values = [81.0, 83.5, 79.25, 83.5, 90.0]
+    for n in range(1, 4):
+        draws = list(itertools.product(values, repeat=n))
+        assert expected_best(values, n) == pytest.approx(np.mean([max(d) for d in draws]))
+        assert expected_best(values, n, larger_is_better=False) == pytest.approx(np.mean([min(d) for d in draws]))
+
+
+def test_a_method_tunes_the_flags_its_runs_take(tmp_path):
+    """The shared space applies where a method's script takes the flag (CE has no temperature without
+    --supcon_weight); a method's own tune: key adds its flags."""
+    from sweeping import plan as sweep_plan
+    path = tuned(tmp_path / 's.yaml', methods={
+        'SupCon': {'method': 'SupCon'}, 'CE': {'script': 'main_ce.py'},
+        'SupCon+CARROT': {'method': 'SupCon', 'carrot': True, 'tune': {'carrot_q_hi': {'low': 0.8, 'high': 0.95}}}})
+    spec = sweep_plan.read(str(path), str(tmp_path / 'save')).tune
+    assert list(spec.space_of('SupCon')) == ['learning_rate', 'temp']
+    assert list(spec.space_of('CE')) == ['learning_rate']
+    assert list(spec.space_of('SupCon+CARROT')) == ['learning_rate', 'temp', 'carrot_q_hi']
+
+
+# ---------------------------------------------------------------- a tuned sweep, end to end
+@pytest.fixture(scope='module')
+def tuned_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp('tuned')
+    path = tuned(root / 's.yaml')
+    out = sweep(path, '--save_folder', root / 'save', '--jobs', 2)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return path, root / 'save' / 'sweeps' / 'tuned', out
+
+
+@pytest.mark.slow
+def test_every_method_gets_the_budget_and_the_cells_run_the_argmax(tuned_sweep):
+    """Each study has exactly its 3 trials; best.json is the trial with the highest held-out result (read from the
+    trials' own results.json); the seeded cells ran with those values on the whole training set and read the test
+    split; no trial read it."""
+    path, folder, out = tuned_sweep
+    for method, flags in (('SupCon', ['learning_rate', 'temp']), ('CE', ['learning_rate'])):
+        record = study(folder, method)
+        assert len(record['trials']) == 3 and {t['state'] for t in record['trials']} <= {'complete', 'pruned'}
+        scores = {}
+        for trial in record['trials']:
+            for result in results_of(folder / 'tune' / method / f'trial_{trial["number"]}'):
+                assert result['test_split_read'] is False and result['selected_on'] == 'held-out'
+                if trial['state'] == 'complete':
+                    scores[trial['number']] = result['final_val_acc']
+        best = json.loads((folder / 'tune' / method / 'best.json').read_text())
+        assert best['value'] == max(scores.values()) and scores[best['trial']] == best['value']
+        chosen = next(t for t in record['trials'] if t['number'] == best['trial'])['params']
+        assert sorted(best['flags']) == flags and best['flags'] == chosen
+        for run in (folder / 'runs' / method).rglob('run.json'):
+            config = json.loads(run.read_text())['config']
+            if 'pretrain' in str(run):
+                assert all(config[k] == v for k, v in chosen.items()) and config['val_split'] == 0
+        for metrics in (folder / 'tune' / method).rglob('metrics.csv'):
+            header = metrics.read_text().splitlines()[0]
+            assert 'test/' not in header and 'knn/acc' not in header.split(',')
+    table = (folder / 'table.md').read_text()
+    assert '## Tuning' in table and '| SupCon | learning_rate' in table and '3 of 3' in table
+    assert (folder / 'tuning.png').is_file() and 'tuning' in json.loads((folder / 'sweep.json').read_text())
+    status = sweep(path, '--save_folder', folder.parent.parent, '--status')
+    assert 'SupCon: 3 of 3 trials' in status.stdout and 'chosen' in status.stdout
+
+
+@pytest.mark.slow
+def test_a_pruned_trial_is_stopped_early(tmp_path):
+    """A study whose earlier trial reported 100 % at every epoch: the next trial's first epoch is below it, successive
+    halving prunes it, and its run stops there (its metrics.csv ends long before --epochs 30)."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.storages.journal import JournalFileBackend
+    path = ce_only(tmp_path / 's.yaml', trials=2, epochs=30, tune={
+        'trials': 2, 'space': {'learning_rate': SPACE['learning_rate']}, 'pruning': {'min_epochs': 1,
+                                                                                     'reduction': 2}})
+    folder = tmp_path / 'save' / 'sweeps' / 'ce'
+    (folder / 'tune').mkdir(parents=True)
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(folder / 'tune' / 'optuna.journal')))
+    study_ = optuna.create_study(study_name='ce:CE', storage=storage, direction='maximize',
+                                 pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+    trial = study_.ask({'learning_rate': FloatDistribution(0.02, 1.0, log=True)})
+    for epoch in range(1, 31):
+        trial.report(100.0, epoch)
+        assert not trial.should_prune()          # the pruner records the rungs it passed
+    study_.tell(trial, 100.0)
+    started = time.time()
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert 'pruned: trial 1 of CE after epoch' in out.stdout
+    record = study(folder, 'CE')
+    assert [t['state'] for t in record['trials']] == ['complete', 'pruned']
+    cell = json.loads((folder / 'tune' / 'CE' / 'trial_1' / 'cell.json').read_text())
+    assert cell['stages']['pretrain']['state'] == 'pruned'
+    rows = next((folder / 'tune' / 'CE' / 'trial_1').rglob('metrics.csv')).read_text().splitlines()
+    assert 2 <= len(rows) < 10                  # a header and a few epochs, not 30
+    assert json.loads((folder / 'tune' / 'CE' / 'best.json').read_text())['trial'] == 0
+    assert time.time() - started < 300
+
+
+@pytest.mark.slow
+def test_a_seeded_study_proposes_the_same_trials_again_even_after_kill_9(tmp_path):
+    """Two calls with --jobs 1 propose the same trials. A third is killed (SIGKILL) while trial 1 runs; the next call
+    keeps trial 0 (not run again), continues trial 1 from its checkpoint, asks trial 2 and no more: the same trials,
+    the same choice."""
+    path = ce_only(tmp_path / 's.yaml', epochs=4)
+    runs = []
+    for name in ('a', 'b'):
+        out = sweep(path, '--save_folder', tmp_path / name, '--jobs', 1)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        runs.append(study(tmp_path / name / 'sweeps' / 'ce', 'CE'))
+    params = [[t['params'] for t in r['trials']] for r in runs]
+    assert params[0] == params[1] and len(params[0]) == 3
+    assert params[0][0] != params[0][1]
+    folder = tmp_path / 'k' / 'sweeps' / 'ce'
+    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'k'), '--jobs',
+                             '1'], cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((folder / 'tune' / 'CE' / 'trial_1').rglob('last.pth')):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    time.sleep(1)
+    before = json.loads((folder / 'tune' / 'CE' / 'trial_0' / 'cell.json').read_text())
+    out = sweep(path, '--save_folder', tmp_path / 'k', '--jobs', 1)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    record = study(folder, 'CE')
+    assert [t['params'] for t in record['trials']] == params[0]               # no trial past the budget
+    assert json.loads((folder / 'tune' / 'CE' / 'trial_0' / 'cell.json').read_text()) == before   # not redone
+    resumed = json.loads((folder / 'tune' / 'CE' / 'trial_1' / 'cell.json').read_text())['stages']['pretrain']
+    assert resumed['attempts'] == 2 and '--resume' in resumed['command']
+    best = [json.loads((root / 'sweeps' / 'ce' / 'tune' / 'CE' / 'best.json').read_text())
+            for root in (tmp_path / 'a', tmp_path / 'k')]
+    assert best[0] == best[1]
+
+
+@pytest.mark.slow
+def test_tuning_needs_no_test_split(tmp_path):
+    """On CIFAR files without their test batch the tuning runs to its choice (no trial reads the test split); the
+    seeded cells, which read it once, then stop with the one line naming the missing file."""
+    data = make_fake_cifar(tmp_path / 'data', n_train=100)
+    os.remove(os.path.join(data, 'cifar-10-batches-py', 'test_batch'))
+    base = {**TINY, 'dataset': 'cifar10', 'data_folder': str(data), 'model': 'resnet_tiny', 'epochs': 1}
+    path = ce_only(tmp_path / 's.yaml', trials=2, base=base)
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
+    folder = tmp_path / 'save' / 'sweeps' / 'ce'
+    assert [t['state'] for t in study(folder, 'CE')['trials']] == ['complete', 'complete']
+    assert (folder / 'tune' / 'CE' / 'best.json').is_file()
+    assert out.returncode == 1 and 'test_batch' in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('slurm')
+def test_tuning_through_slurm(slurm, tmp_path):
+    """The trials as SLURM jobs on the one-node cluster: the budget, the held-out choice, the cells after it."""
+    path = ce_only(tmp_path / 's.yaml', trials=2)
+    out = sweep(path, '--save_folder', tmp_path / 'save', *SLURM, '--jobs', 2, env=slurm.env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    folder = tmp_path / 'save' / 'sweeps' / 'ce'
+    assert [t['state'] for t in study(folder, 'CE')['trials']] == ['complete', 'complete']
+    for trial in (0, 1):
+        assert json.loads((folder / 'tune' / 'CE' / f'trial_{trial}' / 'cell.json').read_text())['stages']['_slurm']
+    assert (folder / 'table.md').is_file() and yaml.safe_load((folder / 'sweep_file.yaml').read_text())['tune']
