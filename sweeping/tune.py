@@ -280,6 +280,7 @@ class Tuner:
         frozen = next(t for t in opt_study.get_trials(deepcopy=False) if t.number == trial.number)
         reported = set(frozen.intermediate_values)
         self.running[(study.name, trial.number)] = (study, opt_study, trial, launch(cell), reported, cell)
+        self.record(study, opt_study)          # the running trial in study.json (--status)
         self.say(f'trial {trial.number} of {study.label}: '
                  + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in trial.params.items()))
 
@@ -338,9 +339,11 @@ class Tuner:
                 name = 'diverged'
             if (study.name, t.number) in self.crashed:
                 name = 'crashed'
-            trials.append({'number': t.number, 'state': name, 'value': t.value, 'params': t.params,
-                           'epochs': len(t.intermediate_values), 'folder': os.path.join(study.folder,
-                                                                                        f'trial_{t.number}')})
+            reported = t.intermediate_values
+            trials.append({'number': t.number, 'state': name, 'params': t.params,
+                           'value': t.value if name in ('complete', 'diverged') else None,     # the objective
+                           'epochs': len(reported), 'last_reported': reported[max(reported)] if reported else None,
+                           'folder': os.path.join(study.folder, f'trial_{t.number}')})
         complete = [t for t in trials if t['state'] in ('complete', 'diverged') and t['value'] is not None]
         best = None
         if complete:
@@ -357,10 +360,10 @@ class Tuner:
         os.replace(tmp, os.path.join(study.folder, STUDY))
         finished = len(trials) >= self.spec.trials and all(t['state'] != 'running' and t['state'] != 'crashed'
                                                            for t in trials)
-        if finished and best is not None and not os.path.isfile(os.path.join(study.folder, BEST)):
+        if finished and best is not None and self.spec.tuned(self.sweep.folder, study.method, study.chosen) is None:
             with open(os.path.join(study.folder, BEST), 'w') as f:
                 json.dump({'flags': best['params'], 'trial': best['number'], 'value': best['value'],
-                           'metric': self.spec.metric}, f, indent=2)
+                           'metric': self.spec.metric, 'budget': self.spec.trials}, f, indent=2)
             self.say(f'chosen for {study.label}: trial {best["number"]} ({self.spec.metric} {best["value"]:.4g}): '
                      + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}'
                                  for k, v in best['params'].items()))
@@ -397,7 +400,7 @@ class Tuner:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        return [s for s, o in self.studies if not os.path.isfile(os.path.join(s.folder, BEST))]
+        return [s for s, o in self.studies if self.spec.tuned(self.sweep.folder, s.method, s.chosen) is None]
 
 
 def local_launch(jobs):

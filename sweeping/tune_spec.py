@@ -5,6 +5,7 @@ study keeps its chosen values (``best.json``), which the seeded cells then run w
 
 Nothing here imports Optuna or runs anything; ``sweeping/tune.py`` runs the studies.
 """
+import argparse
 import json
 import math
 import os
@@ -76,11 +77,12 @@ class TuneSpec:
 
     def tuned(self, sweep_folder, method, chosen):
         """The flags the study of ``method`` at the grid's values ``chosen`` chose (its best.json), or ``None`` while
-        the study is not finished."""
+        the study is not finished (a budget raised in the file continues the study and chooses again)."""
         try:
             with open(os.path.join(study_folder(sweep_folder, method, chosen), BEST)) as f:
-                return json.load(f)['flags']
-        except (OSError, ValueError, KeyError, TypeError):
+                best = json.load(f)
+            return best['flags'] if best.get('budget') == self.trials else None     # a larger budget: not yet
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
 
@@ -92,6 +94,16 @@ def study_folder(sweep_folder, method, chosen):
 def study_name(sweep_name, method, chosen):
     """The study's name in its storage: the sweep, the method and the grid's values (one storage may hold many)."""
     return ':'.join([sweep_name, method, *(f'{k}={v}' for k, v in chosen.items())])
+
+
+class AnyFlag(dict):
+    """Every flag, as a float flag: the lookup of ``--status``, which reads a file without the scripts' parsers."""
+
+    def __contains__(self, key):
+        return True
+
+    def __missing__(self, key):
+        return argparse.Namespace(type=float)
 
 
 def read_range(spec, at, dest, action):
@@ -160,17 +172,16 @@ def read_spec(data, method_space, where, entries, axes, evaluations, base, check
         trials = data.get('trials')
         if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
             raise UserError(f'{at}.trials: the budget must be a whole number >= 1, got {trials!r}')
-        scripts = {script for script, _, _ in entries.values()}
-        actions = {}
-        for script in sorted(scripts):
-            actions.update({a.dest: a for a in parser_of(script)._actions if a.option_strings and a.dest != 'help'})
-        space = read_space(data.get('space') or {}, f'{at}.space', actions)
+        def actions_of(*scripts):        # --status (check=False) builds no parser: every flag read as a float
+            if not check:
+                return AnyFlag()
+            return {a.dest: a for script in sorted(scripts) for a in parser_of(script)._actions
+                    if a.option_strings and a.dest != 'help'}
+        space = read_space(data.get('space') or {}, f'{at}.space', actions_of(*{s for s, _, _ in entries.values()}))
         own = {}
         for method, extra in method_space.items():
             if extra is not None:
-                script = entries[method][0]
-                mine = {a.dest: a for a in parser_of(script)._actions if a.option_strings and a.dest != 'help'}
-                own[method] = read_space(extra, f'{where} methods.{method}.tune', mine)
+                own[method] = read_space(extra, f'{where} methods.{method}.tune', actions_of(entries[method][0]))
         if not space and not any(own.values()):
             raise UserError(f'{at}.space is empty: give at least one flag to tune (learning_rate: {{low: 0.02, '
                             f'high: 1.0, log: true}})')

@@ -95,6 +95,16 @@ def test_a_sweep_without_tune_does_not_import_optuna(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == 'False', out.stdout + out.stderr
 
 
+def test_the_status_of_a_tuned_sweep_imports_neither_torch_nor_optuna(tmp_path):
+    path = tuned(tmp_path / 's.yaml')
+    code = ('import sys; import sweep\ntry:\n    sweep.main([sys.argv[1], "--status", "--save_folder", sys.argv[2]])\n'
+            'finally:\n    print("torch" in sys.modules, "optuna" in sys.modules)')
+    out = subprocess.run([sys.executable, '-c', code, str(path), str(tmp_path / 'save')], cwd=ROOT,
+                         capture_output=True, text=True, env=script_env(), timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == 'False False', out.stdout + out.stderr
+    assert 'SupCon: 0 of 3 trials' in out.stdout and '| SupCon seed 0 | tuning | tuning |' in out.stdout
+
+
 def test_the_expected_best_of_n_trials_is_the_mean_maximum_over_all_draws():
     """Dodge et al.'s formula against the mean of max over every n-tuple drawn with replacement."""
     from sweeping.tune_report import expected_best
@@ -122,7 +132,7 @@ def test_a_method_tunes_the_flags_its_runs_take(tmp_path):
 @pytest.fixture(scope='module')
 def tuned_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp('tuned')
-    path = tuned(root / 's.yaml')
+    path = tuned(root / 's.yaml', base={**TINY, 'epochs': 2}, seeds=[0])
     out = sweep(path, '--save_folder', root / 'save', '--jobs', 2)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return path, root / 'save' / 'sweeps' / 'tuned', out
@@ -197,18 +207,14 @@ def test_a_pruned_trial_is_stopped_early(tmp_path):
 
 @pytest.mark.slow
 def test_a_seeded_study_proposes_the_same_trials_again_even_after_kill_9(tmp_path):
-    """Two calls with --jobs 1 propose the same trials. A third is killed (SIGKILL) while trial 1 runs; the next call
-    keeps trial 0 (not run again), continues trial 1 from its checkpoint, asks trial 2 and no more: the same trials,
-    the same choice."""
+    """A call with --jobs 1 runs three trials. Another, in a fresh folder, is killed (SIGKILL) while trial 1 runs; the
+    next call keeps trial 0 (not run again), continues trial 1 from its checkpoint, asks trial 2 and no more: the same
+    trials as the first call's (seeded by the file's seed and the trial's number), the same choice."""
     path = ce_only(tmp_path / 's.yaml', epochs=4)
-    runs = []
-    for name in ('a', 'b'):
-        out = sweep(path, '--save_folder', tmp_path / name, '--jobs', 1)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        runs.append(study(tmp_path / name / 'sweeps' / 'ce', 'CE'))
-    params = [[t['params'] for t in r['trials']] for r in runs]
-    assert params[0] == params[1] and len(params[0]) == 3
-    assert params[0][0] != params[0][1]
+    out = sweep(path, '--save_folder', tmp_path / 'a', '--jobs', 1)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    params = [[t['params'] for t in study(tmp_path / 'a' / 'sweeps' / 'ce', 'CE')['trials']]]
+    assert len(params[0]) == 3 and params[0][0] != params[0][1]
     folder = tmp_path / 'k' / 'sweeps' / 'ce'
     proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'k'), '--jobs',
                              '1'], cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -259,3 +265,34 @@ def test_tuning_through_slurm(slurm, tmp_path):
     for trial in (0, 1):
         assert json.loads((folder / 'tune' / 'CE' / f'trial_{trial}' / 'cell.json').read_text())['stages']['_slurm']
     assert (folder / 'table.md').is_file() and yaml.safe_load((folder / 'sweep_file.yaml').read_text())['tune']
+
+
+def test_a_raised_budget_chooses_again(tmp_path):
+    """best.json counts for the budget it was chosen with: a file that raises trials: has its cells wait again."""
+    from sweeping import plan as sweep_plan
+    from sweeping.tune_spec import study_folder
+    path = ce_only(tmp_path / 's.yaml', trials=3)
+    sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
+    folder = pathlib.Path(study_folder(sweep_.folder, 'CE', {}))
+    folder.mkdir(parents=True)
+    (folder / 'best.json').write_text(json.dumps({'flags': {'learning_rate': 0.3}, 'budget': 3}))
+    assert sweep_.tune.tuned(sweep_.folder, 'CE', {}) == {'learning_rate': 0.3}
+    again = sweep_plan.read(str(path), str(tmp_path / 'save'))
+    assert not again.cells[0].waiting and '0.3' in again.cells[0].stages[0].argv
+    (folder / 'best.json').write_text(json.dumps({'flags': {'learning_rate': 0.3}, 'budget': 2}))
+    assert sweep_.tune.tuned(sweep_.folder, 'CE', {}) is None
+    assert sweep_plan.read(str(path), str(tmp_path / 'save')).cells[0].waiting
+
+
+@pytest.mark.slow
+def test_an_rdb_storage_holds_the_study(tmp_path):
+    """storage: an RDB URL (SQLite here; PostgreSQL the same way, for optuna-dashboard) instead of the journal file."""
+    import optuna
+    url = f'sqlite:///{tmp_path / "studies.db"}'
+    path = ce_only(tmp_path / 's.yaml', trials=2, tune={'trials': 2, 'space': {'learning_rate':
+                                                                                 SPACE['learning_rate']},
+                                                        'storage': url})
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    loaded = optuna.load_study(study_name='ce:CE', storage=url)
+    assert len(loaded.trials) == 2 and not (tmp_path / 'save' / 'sweeps' / 'ce' / 'tune' / 'optuna.journal').exists()
