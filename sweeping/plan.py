@@ -449,7 +449,7 @@ def prepare(sweep, cells):
     for cell in cells:
         for stage in cell.stages:
             parse(stage, cell, sweep)
-            why = conflict(stage, cell)
+            why = None if cell.waiting else conflict(stage, cell)     # a waiting cell's values are not known yet
             if why:
                 raise SweepError(f'{sweep.path}: the cell {cell.name} ({stage.name}) ran with other flags: {why}; '
                                  'change the file back, or give the sweep a new name')

@@ -71,7 +71,7 @@ def budget_figure(sweep, studies, path):
             curves.append((record['label'], [expected_best(values, n, larger) for n in range(1, len(values) + 1)]))
     if not curves:
         return False
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(7.6, 4.2))
     for label, curve in curves:
         ax.plot(range(1, len(curve) + 1), curve, marker='o', markersize=3, label=label)
     ax.set_xlabel('trials (measured: pruned trials left out)')
@@ -79,7 +79,7 @@ def budget_figure(sweep, studies, path):
     ax.set_title(f'{sweep.name}: expected best held-out result vs budget', fontsize=10)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc='lower right')
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1.0))     # outside: the curves stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -177,6 +177,20 @@ def test_a_cell_whose_flags_changed_after_it_ran_is_refused(tmp_path):
     assert out.returncode == 0, out.stderr
 
 
+def test_a_finished_cell_run_on_the_device_auto_chose_is_done(tmp_path):
+    """A file without device: plans --device auto, and run.json records the device it resolved to (cpu): where the
+    run ran, so a second call counts the finished cell as done instead of refusing it."""
+    base = {k: v for k, v in TINY.items() if k != 'device'}
+    path = mini(tmp_path / 's.yaml', base=base, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0], linear=None,
+                compare=None)
+    run = fake_run(read_sweep(path, tmp_path / 'save').cells[0].stages[0], device='cpu')
+    with open(os.path.join(run, 'results.json'), 'w') as f:
+        f.write('{}')
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
+    assert out.returncode == 0, out.stderr
+    assert '1 stages: 1 done' in out.stdout
+
+
 def test_an_interrupted_cell_is_checked_against_the_file_not_its_own_record(tmp_path):
     """A stage with a checkpoint is planned with --resume, and a resume replays the run.json beside it. The plan
     compares the file's own flags with the run: a flag the file no longer gives (--momentum 0.8, recorded as given)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import yaml
-from test_sweep import SLURM, TINY, sweep, write
+from test_sweep import SLURM, TINY, fake_run, sweep, write
 
 from helpers import ROOT, assert_one_line_error, make_fake_cifar, run_in_process, script_env
 
@@ -279,9 +279,13 @@ def test_a_raised_budget_chooses_again(tmp_path):
     assert sweep_.tune.tuned(sweep_.folder, 'CE', {}) == {'learning_rate': 0.3}
     again = sweep_plan.read(str(path), str(tmp_path / 'save'))
     assert not again.cells[0].waiting and '0.3' in again.cells[0].stages[0].argv
+    sweep_plan.prepare(again, again.cells)
+    fake_run(again.cells[0].stages[0])                         # the cell ran with the chosen values
     (folder / 'best.json').write_text(json.dumps({'flags': {'learning_rate': 0.3}, 'budget': 2}))
     assert sweep_.tune.tuned(sweep_.folder, 'CE', {}) is None
-    assert sweep_plan.read(str(path), str(tmp_path / 'save')).cells[0].waiting
+    waiting = sweep_plan.read(str(path), str(tmp_path / 'save'))
+    assert waiting.cells[0].waiting
+    sweep_plan.prepare(waiting, waiting.cells)     # its values are not known yet: no conflict with the run it holds
 
 
 @pytest.mark.slow
