@@ -5,7 +5,6 @@ study keeps its chosen values (``best.json``), which the seeded cells then run w
 
 Nothing here imports Optuna or runs anything; ``sweeping/tune.py`` runs the studies.
 """
-import argparse
 import json
 import math
 import os
@@ -96,6 +95,11 @@ def study_name(sweep_name, method, chosen):
     return ':'.join([sweep_name, method, *(f'{k}={v}' for k, v in chosen.items())])
 
 
+class FloatFlag:
+    """What :class:`AnyFlag` gives for every flag: an argparse action's ``type``, a float."""
+    type = float
+
+
 class AnyFlag(dict):
     """Every flag, as a float flag: the lookup of ``--status``, which reads a file without the scripts' parsers."""
 
@@ -103,7 +107,7 @@ class AnyFlag(dict):
         return True
 
     def __missing__(self, key):
-        return argparse.Namespace(type=float)
+        return FloatFlag
 
 
 def read_range(spec, at, dest, action):

@@ -210,7 +210,7 @@ def test_a_seeded_study_proposes_the_same_trials_again_even_after_kill_9(tmp_pat
     """A call with --jobs 1 runs three trials. Another, in a fresh folder, is killed (SIGKILL) while trial 1 runs; the
     next call keeps trial 0 (not run again), continues trial 1 from its checkpoint, asks trial 2 and no more: the same
     trials as the first call's (seeded by the file's seed and the trial's number), the same choice."""
-    path = ce_only(tmp_path / 's.yaml', epochs=4)
+    path = ce_only(tmp_path / 's.yaml', epochs=3)
     out = sweep(path, '--save_folder', tmp_path / 'a', '--jobs', 1)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     params = [[t['params'] for t in study(tmp_path / 'a' / 'sweeps' / 'ce', 'CE')['trials']]]
@@ -239,18 +239,25 @@ def test_a_seeded_study_proposes_the_same_trials_again_even_after_kill_9(tmp_pat
 
 
 @pytest.mark.slow
-def test_tuning_needs_no_test_split(tmp_path):
+def test_tuning_needs_no_test_split_and_an_rdb_holds_its_study(tmp_path):
     """On CIFAR files without their test batch the tuning runs to its choice (no trial reads the test split); the
-    seeded cells, which read it once, then stop with the one line naming the missing file."""
+    seeded cells, which read it once, then stop with the one line naming the missing file. The study is in the RDB
+    that storage: names (SQLite here; PostgreSQL the same way, for optuna-dashboard), not in the journal file."""
+    import optuna
     data = make_fake_cifar(tmp_path / 'data', n_train=100)
     os.remove(os.path.join(data, 'cifar-10-batches-py', 'test_batch'))
     base = {**TINY, 'dataset': 'cifar10', 'data_folder': str(data), 'model': 'resnet_tiny', 'epochs': 1}
-    path = ce_only(tmp_path / 's.yaml', trials=2, base=base)
+    url = f'sqlite:///{tmp_path / "studies.db"}'
+    path = ce_only(tmp_path / 's.yaml', base=base, tune={'trials': 2, 'space': {'learning_rate':
+                                                                                 SPACE['learning_rate']},
+                                                          'storage': url})
     out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
     folder = tmp_path / 'save' / 'sweeps' / 'ce'
     assert [t['state'] for t in study(folder, 'CE')['trials']] == ['complete', 'complete']
     assert (folder / 'tune' / 'CE' / 'best.json').is_file()
     assert out.returncode == 1 and 'test_batch' in out.stderr
+    assert len(optuna.load_study(study_name='ce:CE', storage=url).trials) == 2
+    assert not (folder / 'tune' / 'optuna.journal').exists()
 
 
 @pytest.mark.slow
@@ -286,17 +293,3 @@ def test_a_raised_budget_chooses_again(tmp_path):
     waiting = sweep_plan.read(str(path), str(tmp_path / 'save'))
     assert waiting.cells[0].waiting
     sweep_plan.prepare(waiting, waiting.cells)     # its values are not known yet: no conflict with the run it holds
-
-
-@pytest.mark.slow
-def test_an_rdb_storage_holds_the_study(tmp_path):
-    """storage: an RDB URL (SQLite here; PostgreSQL the same way, for optuna-dashboard) instead of the journal file."""
-    import optuna
-    url = f'sqlite:///{tmp_path / "studies.db"}'
-    path = ce_only(tmp_path / 's.yaml', trials=2, tune={'trials': 2, 'space': {'learning_rate':
-                                                                                 SPACE['learning_rate']},
-                                                        'storage': url})
-    out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    loaded = optuna.load_study(study_name='ce:CE', storage=url)
-    assert len(loaded.trials) == 2 and not (tmp_path / 'save' / 'sweeps' / 'ce' / 'tune' / 'optuna.journal').exists()
