@@ -19,6 +19,7 @@ from data import (
     class_counts,
     classes_to_classify,
     evaluated_parts,
+    evaluation_loaders,
     long_tail_class_counts,
     save_label_noise,
 )
@@ -41,9 +42,7 @@ def main(argv=None):
     counts = long_tail_class_counts(opt.dataset, train_set)
     n_cls = classes_to_classify(train_set)
     parts = evaluated_parts(opt.val_split, opt.eval_split)      # the held-out part first: it selects the epoch
-    loaders = {part: build_loader(opt, build_dataset(opt, part, build_transform(opt, 'eval')), train=False)
-               for part in parts}
-    ce = CETraining(opt, n_cls, class_counts(train_set), eval_loaders=loaders,
+    ce = CETraining(opt, n_cls, class_counts(train_set), eval_loaders=evaluation_loaders(opt, parts),
                     eval_counts=counts)       # model, loss and CARROT; evaluated after every epoch
     optim = Optimization(optimizer_for(opt, ce.model.parameters()), ce.runtime.grad_scaler(), call_hook(Schedule, opt))
     print(f'run folder: {opt.run_folder}')

@@ -31,6 +31,7 @@ from data import (
     coarse_labels,
     dataset_info,
     evaluated_parts,
+    evaluation_loaders,
     long_tail_class_counts,
     save_label_noise,
 )
@@ -118,8 +119,7 @@ def main(argv=None):
     announce_label_fraction(train_set)
     save_label_noise(opt.run_folder, train_set)
     counts = long_tail_class_counts(opt.dataset, train_set)
-    loaders = {part: build_loader(opt, build_dataset(opt, part, build_transform(opt, 'eval'), opt.eval_labels),
-                                  train=False) for part in parts}
+    loaders = evaluation_loaders(opt, parts, opt.eval_labels)
     train_loader = build_loader(opt, train_set, train=True, kind='train')
 
     probe = LinearProbe(opt, encoder, n_cls, loaders, counts)     # classifier (and the encoder with --finetune)

@@ -276,6 +276,14 @@ def wait_slurm(cells, job_ids, progress, poll_s):
             time.sleep(poll_s)
 
 
+def local_jobs(jobs):
+    """``--jobs``, or by default the GPUs (one run each), else the cores up to 8."""
+    if jobs:
+        return jobs
+    import torch
+    return torch.cuda.device_count() or min(os.cpu_count() or 1, 8)
+
+
 def tuning_status(sweep, cells):
     """One line per study of ``cells``: its trials by state and its best held-out value so far."""
     from sweeping.tune import progress_line, read_study
@@ -304,8 +312,7 @@ def tune(sweep, cells, args):
           flush=True)
     tuner = tuning.Tuner(sweep, studies, say=lambda text: print(f'tune: {text}', flush=True))
     if args.launcher == 'local':
-        import torch
-        jobs = args.jobs or (torch.cuda.device_count() or min(os.cpu_count() or 1, 8))
+        jobs = local_jobs(args.jobs)
         launch = tuning.local_launch(jobs)
     else:
         settings = slurm_settings(sweep, args)
@@ -386,9 +393,7 @@ def main(argv=None):
     code = 0
     try:
         if args.launcher == 'local':
-            import torch
-            jobs = args.jobs or (torch.cuda.device_count() or min(os.cpu_count() or 1, 8))
-            sweep_run.run_local(tasks, jobs, progress)
+            sweep_run.run_local(tasks, local_jobs(args.jobs), progress)
         elif tasks:
             job_ids = sweep_run.submit_slurm([c for c, _ in tasks], sweep.folder, slurm_settings(sweep, args))
             progress.write(f'submitted {len(job_ids)} SLURM jobs ({", ".join(sorted(set(job_ids.values()))[:4])}'

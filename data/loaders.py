@@ -16,7 +16,7 @@ from datasets_indexed import IndexedDataset
 from .folders import CachedImages, cached_images
 from .labels import Relabeled, coarse_labels, labelled_fraction, long_tail_indices, noisy_labels, split_train_val
 from .sources import DATASETS, Digits, dataset_info, mean_std
-from .views import randaugment_spec
+from .views import build_transform, randaugment_spec
 
 PARTS = ('train', 'val', 'test')
 
@@ -33,7 +33,7 @@ def build_dataset(opt, part, transform, granularity=None):
     if part not in PARTS:
         raise ValueError(f'part must be one of {PARTS}, got {part!r}')
     info = dataset_info(opt.dataset)
-    train = part != 'test'
+    train = part != 'test'                          # read from the training split's files (train and val)
     granularity = granularity or opt.label_granularity
     mapping, classes = coarse_labels(opt.dataset) if granularity == 'coarse' else (None, None)
     if opt.image_cache and not info.in_memory:      # decoded once, at a fixed size, into a uint8 file
@@ -49,15 +49,15 @@ def build_dataset(opt, part, transform, granularity=None):
         indices = pool[held if part == 'val' else kept].tolist()
     elif part == 'val':
         raise ValueError('the held-out part needs --val_split > 0')
-    train = part == 'train'                         # the label operations below: the training part's alone
-    if train and opt.label_fraction < 1:           # the labelled part: a fixed stratified subset (seed 0)
+    labelled = part == 'train'                      # the label operations below: the training part's alone
+    if labelled and opt.label_fraction < 1:         # the labelled part: a fixed stratified subset (seed 0)
         pool = np.arange(len(base)) if indices is None else np.asarray(indices)
         indices = pool[labelled_fraction(np.asarray(base.targets)[pool], opt.label_fraction)].tolist()
-    noise = train and opt.label_noise > 0
+    noise = labelled and opt.label_noise > 0
     if indices is None and mapping is None and not noise:
         return base
     dataset = Relabeled(base, indices, mapping, classes)
-    if train and opt.label_fraction < 1:
+    if labelled and opt.label_fraction < 1:
         dataset.label_fraction = {'fraction': opt.label_fraction, 'n_labelled': len(dataset),
                                   'n_total': len(pool)}
     if noise:
@@ -69,6 +69,13 @@ def build_dataset(opt, part, transform, granularity=None):
                                'n_samples': len(clean), 'n_flipped': len(flipped), 'flipped': flipped,
                                'clean_labels_of_flipped': [clean[i] for i in flipped]}
     return dataset
+
+
+def evaluation_loaders(opt, parts, granularity=None):
+    """``{part: loader}`` of the parts a classifier's run measures after its epochs (``labels.evaluated_parts``: the
+    selecting one first), each with the evaluation transform and ``granularity``'s labels."""
+    transform = build_transform(opt, 'eval')
+    return {part: build_loader(opt, build_dataset(opt, part, transform, granularity), train=False) for part in parts}
 
 
 def build_loader(opt, dataset, train, kind=None, n_views=None):

@@ -24,6 +24,7 @@ import re
 import signal
 import subprocess
 import time
+from typing import NamedTuple
 
 from sweeping import launch as sweep_run
 from sweeping.plan import STAGE1, Cell, build_stages
@@ -31,8 +32,18 @@ from sweeping.tune_spec import BEST, study_folder, study_name
 
 STUDY = 'study.json'
 JOURNAL = 'optuna.journal'
-DIVERGED = re.compile(r'the loss became|skipped in a row|steps in a row')     # training/loop.py's stop lines
+DIVERGED = re.compile(r'the loss became|steps in a row had non-finite')     # training/loop.py's two stop lines
 PRUNE_ON = {'main_supcon.py': 'knn/val_acc', 'main_ce.py': 'val/acc'}       # the per-epoch held-out accuracy
+
+
+class Running(NamedTuple):
+    """A trial this call runs: its study, the Optuna study and trial, its launcher, the epochs reported, its cell."""
+    study: 'Study'
+    opt_study: object
+    trial: object
+    launcher: object
+    reported: set
+    cell: Cell
 
 
 class Study:
@@ -248,7 +259,7 @@ class Tuner:
                   if spec.pruning and spec.direction == 'maximize' else optuna.pruners.NopPruner())
         self.studies = [(s, optuna.create_study(study_name=s.name, storage=storage, direction=spec.direction,
                                                 pruner=pruner, load_if_exists=True)) for s in studies]
-        self.running = {}           # (study name, trial number) -> (study, optuna study, trial, launcher, reported)
+        self.running = {}           # (study name, trial number) -> Running
         self.crashed = set()
 
     def ask(self, study, opt_study):
@@ -279,7 +290,7 @@ class Tuner:
             json.dump({'study': study.name, 'number': trial.number, 'params': dict(trial.params)}, f, indent=2)
         frozen = next(t for t in opt_study.get_trials(deepcopy=False) if t.number == trial.number)
         reported = set(frozen.intermediate_values)
-        self.running[(study.name, trial.number)] = (study, opt_study, trial, launch(cell), reported, cell)
+        self.running[(study.name, trial.number)] = Running(study, opt_study, trial, launch(cell), reported, cell)
         self.record(study, opt_study)          # the running trial in study.json (--status)
         self.say(f'trial {trial.number} of {study.label}: '
                  + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in trial.params.items()))
@@ -290,9 +301,9 @@ class Tuner:
         study, opt_study, trial, launcher, reported, cell = self.running[key]
         state = self.optuna.trial.TrialState
         outcome = launcher.poll()
-        stage1 = cell.stage(STAGE1)
-        if self.spec.pruning and self.spec.direction == 'maximize' and isinstance(stage1.run(), str):
-            for epoch, value in sorted(epoch_values(stage1.run(), PRUNE_ON[study.script]).items()):
+        run = cell.stage(STAGE1).run()
+        if self.spec.pruning and self.spec.direction == 'maximize' and isinstance(run, str):
+            for epoch, value in sorted(epoch_values(run, PRUNE_ON[study.script]).items()):
                 if epoch not in reported:
                     trial.report(value, epoch)
                     reported.add(epoch)
@@ -395,7 +406,7 @@ class Tuner:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for entry in self.running.values():
-                entry[3].stop()
+                entry.launcher.stop()
             raise sweep_run.Stop(e.signum) from None
         finally:
             for s, handler in previous.items():
