@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from losses import Loss, block_pairs, class_groups
+from losses import Loss, on_host
 
 STAT_NAMES = ('L', 'U', 'num_pos', 'num_neg', 'pos_mean', 'pos_max', 'frac_pos_above_U', 'frac_pos_below_L',
               'reg')
@@ -71,8 +71,9 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
 class CARROT(Loss):
     """Same-class corridor regularizer ``R(h, y)`` (``docs/CARROT.md``, "The regularizer").
 
-    ``z = normalize(h)``, ``S = clamp(z z^T, -1, 1)`` in float32 (also under autocast); the full ``S``
-    is used without gradient for the walls, positives are computed per class block. Walls from the
+    ``z = normalize(h)``, ``S = clamp(z z^T, -1, 1)`` in float32 (also under autocast), one ``[n, n]`` product:
+    without gradient for the walls, and through a same-class mask for the positives (fixed shapes: the number of
+    kernels a step launches does not grow with the number of classes). Walls from the
     batch's negative pairs (``y_i != y_j``): ``L = quantile(S_neg, q_hi)``,
     ``U = 1 - max(quantile(S_neg, q_hi) - quantile(S_neg, q_lo), 0)`` clipped to ``[L + 1e-3, 0.999]``;
     both detached. Over the ordered positive pairs (``i != j``, ``y_i = y_j``)::
@@ -101,9 +102,9 @@ class CARROT(Loss):
         with torch.autocast(device_type=h.device.type, enabled=False):
             z = F.normalize(h.float(), dim=1)
             n = z.shape[0]
-            # the class structure from the labels on the host (no wait when they come from there)
-            groups = class_groups(y, h.device)
-            sq = int((groups.counts * groups.counts).sum())
+            # the pair counts from the labels on the host (no wait when they come from there)
+            counts = torch.unique(on_host(y), return_counts=True)[1]
+            sq = int((counts * counts).sum())
             num_pos, num_neg = sq - n, n * n - sq                            # ordered pairs
             y = y.to(h.device, non_blocking=True)
             zero = z.new_zeros(())
@@ -113,33 +114,24 @@ class CARROT(Loss):
                                        pos_mean=zero, pos_max=zero, frac_pos_above_U=zero, frac_pos_below_L=zero,
                                        reg=zero)
                 return reg
+            same = y[:, None] == y[None, :]
+            s = (z @ z.T).clamp(-1, 1)                                       # [n, n], one product for both parts
+            sd = s.detach()
             with torch.no_grad():   # the walls: quantiles of all negative similarities, no gradient
-                sims = (z @ z.T).clamp_(-1, 1)
-                q_hi, q_lo = pair_quantiles(sims, y[:, None] != y[None, :], (self.q_hi, self.q_lo),
-                                            count=num_neg // 2)
+                q_hi, q_lo = pair_quantiles(sd, ~same, (self.q_hi, self.q_lo), count=num_neg // 2)
                 lower = q_hi
                 upper = (1 - (q_hi - q_lo).clamp(min=0)).clamp(min=lower + 1e-3).clamp(max=0.999)
-            # positives live in same-class blocks grouped by size: S_blk = z_blk z_blk^T, [c, k, k] per group
-            sums = []             # per block: squared excursions, similarity sum, above U, below L; and the max
-            maxima = []
-            for rows, present in groups.blocks:
-                zb = z[rows]
-                s_blk = (zb @ zb.transpose(1, 2)).clamp(-1, 1)
-                pair = block_pairs(present)
-                # L < U, so at most one wall is crossed: relu(L - s)^2 + relu(s - U)^2 = (relu(L - s) + relu(s - U))^2
-                outside = torch.where(pair, F.relu(lower - s_blk) + F.relu(s_blk - upper), zero)
-                sd = s_blk.detach()
-                sums.append(torch.stack([outside.square().sum(), torch.where(pair, sd, zero).sum(),
-                                         ((sd > upper) & pair).sum().to(zero.dtype),
-                                         ((sd < lower) & pair).sum().to(zero.dtype)]))
-                maxima.append(sd.masked_fill(~pair, -2.0).max())
-            total = torch.stack(sums).sum(0) if len(sums) > 1 else sums[0]
-            reg = total[0] / num_pos
+            # the positives: one masked pass over [n, n] (a fixed number of kernels, whatever the classes)
+            pair = same.fill_diagonal_(False)
+            # L < U, so at most one wall is crossed: relu(L - s)^2 + relu(s - U)^2 = (relu(L - s) + relu(s - U))^2
+            outside = torch.where(pair, F.relu(lower - s) + F.relu(s - upper), zero)
+            reg = outside.square().sum() / num_pos
             with torch.no_grad():
+                counted = torch.stack([torch.where(pair, sd, zero), (sd > upper) & pair, (sd < lower) & pair])
+                pos_sum, above, below = (counted.sum((1, 2)) / num_pos).unbind()
                 self.last_stats = dict(L=lower, U=upper, num_pos=zero + num_pos, num_neg=zero + num_neg,
-                                       pos_mean=total[1].detach() / num_pos, pos_max=torch.stack(maxima).max(),
-                                       frac_pos_above_U=total[2].detach() / num_pos,
-                                       frac_pos_below_L=total[3].detach() / num_pos, reg=reg.detach())
+                                       pos_mean=pos_sum, pos_max=sd.masked_fill(~pair, -2.0).max(),
+                                       frac_pos_above_U=above, frac_pos_below_L=below, reg=reg.detach())
         return reg
 
 

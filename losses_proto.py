@@ -65,33 +65,57 @@ def bcl_loss(features, labels, prototypes, temperature=0.1):
     return (log_denominator - positive_dots / n_positive).mean()
 
 
+class CosineClassifier(nn.Module):
+    """The cosine classifier of BCL's code (its ``NormedLinear``): ``logits = s * normalize(h) @ normalize(W).T``,
+    ``W`` ``[C, E]`` (rows: the classes, as ``nn.Linear``'s weight, so BCL's prototypes read the same rows), each row
+    drawn uniformly on ``[-1, 1]`` and scaled to unit length; ``s`` the scale (30 in the authors' code)."""
+
+    def __init__(self, in_features, n_classes, scale=30.0):
+        super().__init__()
+        self.scale = scale
+        self.weight = nn.Parameter(nn.functional.normalize(torch.empty(n_classes, in_features).uniform_(-1, 1), dim=1))
+
+    def forward(self, h):
+        return self.scale * nn.functional.normalize(h, dim=1) @ nn.functional.normalize(self.weight, dim=1).T
+
+
 class BCLLoss(Loss):
     """BCL (Zhu et al., CVPR 2022, "Balanced Contrastive Learning for Long-Tailed Visual Recognition";
-    docs/FIELD.md, "BCL"): a linear classifier on the encoder features trained with logit-adjusted cross-entropy
+    docs/FIELD.md, "BCL"): a classifier on the encoder features trained with logit-adjusted cross-entropy
     (the training labels' priors) on both views, plus the balanced contrastive term :func:`bcl_loss` over the
     projections and one prototype per class, ``p_c = normalize(g(w_c))``, where ``w_c`` is the classifier's row of
     class ``c`` and ``g`` a two-layer MLP (Linear, ReLU, Linear) onto the projection space::
 
-        L = ce_weight * LA-CE(W h, y) + bcl_weight * L_BCL(z, y, p)
+        L = ce_weight * LA-CE(f(h), y) + bcl_weight * L_BCL(z, y, p)
+
+    ``f`` is the authors' cosine classifier by default, ``f(h)_c = s * cos(h, w_c)`` (:class:`CosineClassifier`):
+    its logits are bounded by ``s``. A plain linear layer (``classifier='linear'``, ``f(h) = W h + b``) has logits
+    that grow with ``|h|^2`` after one SGD step: on a ResNet-18's 512-dimensional features at learning rate 0.2 the
+    cross-entropy reaches 40 within four steps and the representation collapses (docs/FIELD.md, "BCL").
 
     Args:
         class_counts: training samples per class ``[C]`` (the logit adjustment's priors; ``C`` classes).
         enc_dim: the encoder's feature dimension; ``feat_dim``: the projections'.
         temperature: ``tau`` of :func:`bcl_loss`.
         ce_weight, bcl_weight: the weights of the two terms (``--bcl_ce_weight``, ``--bcl_weight``).
+        classifier: ``'cosine'`` (the authors') or ``'linear'``; scale: ``s`` of the cosine classifier.
 
     ``forward(features [B, V, D], labels [B], h_enc=[V*B, E])``: ``h_enc`` the encoder features of the same rows
     (view-major). Statistics: ``bcl/ce`` and ``bcl/contrastive``.
     """
 
-    def __init__(self, class_counts, enc_dim, feat_dim, temperature=0.1, ce_weight=2.0, bcl_weight=0.6):
+    def __init__(self, class_counts, enc_dim, feat_dim, temperature=0.1, ce_weight=2.0, bcl_weight=0.6,
+                 classifier='cosine', scale=30.0):
         super().__init__()
         if not temperature > 0:
             raise ValueError(f'temperature must be > 0, got {temperature}')
         if not (ce_weight >= 0 and bcl_weight >= 0):
             raise ValueError(f'the weights must be >= 0, got {ce_weight} and {bcl_weight}')
+        if classifier not in ('cosine', 'linear') or not scale > 0:
+            raise ValueError(f'need classifier in (cosine, linear) and scale > 0, got {classifier!r} and {scale}')
         self.temperature, self.ce_weight, self.bcl_weight = temperature, ce_weight, bcl_weight
-        self.classifier = nn.Linear(enc_dim, len(class_counts))
+        self.classifier = (CosineClassifier(enc_dim, len(class_counts), scale) if classifier == 'cosine'
+                           else nn.Linear(enc_dim, len(class_counts)))
         self.prototype_head = nn.Sequential(nn.Linear(enc_dim, enc_dim), nn.ReLU(inplace=True),
                                             nn.Linear(enc_dim, feat_dim))
         self.adjusted_ce = LogitAdjustedLoss(class_counts, tau=1.0)
@@ -230,10 +254,12 @@ def assign_targets(class_means, present, targets):
     """The Hungarian matching of classes to targets: the permutation ``[C]`` (class -> target index) that
     maximizes the summed cosine between each present class's mean feature (``class_means`` ``[C, D]``,
     ``present`` ``[C]`` bool) and its target (``targets`` ``[C, D]`` unit rows); absent classes take what is left.
-    On the host (``scipy.optimize.linear_sum_assignment``), once per epoch."""
+    The ``[C, C]`` cost is made where the inputs are and read back once (one wait for the device); the matching
+    runs on the host (``scipy.optimize.linear_sum_assignment``): at the end of an epoch, or after every step under
+    ``assign='step'``."""
     from scipy.optimize import linear_sum_assignment
-    means = nn.functional.normalize(class_means.detach().double().cpu(), dim=1)
-    cost = -(means @ targets.double().cpu().T) * present.cpu()[:, None]
+    means = nn.functional.normalize(class_means.detach().double(), dim=1)
+    cost = (-(means @ targets.to(means).T) * present.to(means)[:, None]).cpu()
     classes, chosen = linear_sum_assignment(cost.numpy())
     out = np.empty(len(classes), dtype=np.int64)
     out[classes] = chosen

@@ -329,4 +329,4 @@ class RASCALLoss(Loss):
         onehot = (inverse[None, :] == torch.arange(len(uniq), device=device)[:, None])
         summed = onehot.to(mean_views.dtype) @ mean_views          # a matmul, not an atomic scatter
         self.cache_feat[uniq] = F.normalize(summed, dim=1).to(self.cache_feat.dtype)
-        self.cache_valid[uniq] = True
+        self.cache_valid.index_fill_(0, uniq, True)       # not `[uniq] = True`: a host scalar copied (a wait)

@@ -225,18 +225,24 @@ def _check_bcl(bcl_ce_weight, bcl_weight):
           f'--bcl_ce_weight and --bcl_weight must be >= 0 and not both 0, got {bcl_ce_weight} and {bcl_weight}')
 
 
-register(Method('BCL', lambda class_counts, enc_dim, feat_dim, temp, bcl_ce_weight, bcl_weight: BCLLoss(
-                    class_counts, enc_dim, feat_dim, temperature=temp, ce_weight=bcl_ce_weight, bcl_weight=bcl_weight),
+register(Method('BCL', lambda class_counts, enc_dim, feat_dim, temp, bcl_ce_weight, bcl_weight, bcl_classifier: BCLLoss(
+                    class_counts, enc_dim, feat_dim, temperature=temp, ce_weight=bcl_ce_weight, bcl_weight=bcl_weight,
+                    classifier=bcl_classifier),
                 uses_encoder_features=True, stats_prefix='bcl/',
                 help='balanced contrastive learning (Zhu et al. 2022): logit-adjusted CE on a classifier of its own + '
                      'class-averaged SupCon with one prototype per class',
                 flags={'--bcl_ce_weight': dict(type=float, default=2.0,
                                                help='BCL: weight of the logit-adjusted cross-entropy (default 2.0)'),
                        '--bcl_weight': dict(type=float, default=0.6,
-                                            help='BCL: weight of the balanced contrastive term (default 0.6)')},
+                                            help='BCL: weight of the balanced contrastive term (default 0.6)'),
+                       '--bcl_classifier': dict(choices=['cosine', 'linear'], default='cosine',
+                                                help='BCL: its classifier, the authors\' cosine classifier (scale 30) '
+                                                     'or a plain linear layer (unbounded logits; collapses at lr 0.2 '
+                                                     'on a ResNet-18: docs/FIELD.md, "BCL")')},
                 check=_check_bcl,
-                run_name=lambda bcl_ce_weight, bcl_weight, temp: (f'BCL_ce_{bcl_ce_weight}_bcl_{bcl_weight}',
-                                                                  f'temp_{temp}')))
+                run_name=lambda bcl_ce_weight, bcl_weight, bcl_classifier, temp: (
+                    f'BCL_ce_{bcl_ce_weight}_bcl_{bcl_weight}' + ('_linear' if bcl_classifier == 'linear' else ''),
+                    f'temp_{temp}')))
 
 
 PACO_FLAGS = {

@@ -4,14 +4,18 @@
     bash scripts/gpu_check.sh --dry-run                                           # tiny sizes, any device
 
 Writes ``<out>/gpu_report.md`` (ready to paste into docs/results.md), ``<out>/gpu_report.json`` and
-``<out>/gpu_check.log`` (every section's output), rewritten after each section so that a run cut short still leaves
+``<out>/gpu_check.log`` (the output of the sections run alone; the others' in ``gpu_check_<sections>.log``), rewritten
+after each section so that a run cut short still leaves
 its report. ``<out>`` is ``$OUT`` when set, else ``./gpu_check_out``; a folder that holds a report already is refused
 (a report never replaces another), as is a bad ``--sections``, ``--budget`` or ``--slack``: one line, exit 2, before
 anything runs.
 
-Sections, in order of value; each runs in a process of its own under its own time bound (and the whole under
-``--budget``): one that fails or runs out of time is recorded with the last lines of its output, and the next one
-runs.
+Each section runs in a process of its own under its own time bound (and the whole under ``--budget``, by default
+560 s: one 10-minute call on one H100): one that fails or runs out of time is recorded with the last lines of its
+output, and the next one runs. The plan: the environment, then the throughput alone on the machine (its timings must
+not share it), then the correctness sections side by side in four process chains (2 | 3, 5 | 6 | 7; their timings
+are under load, and the report says so), each writing its own ``gpu_check_<sections>.log``; ``--serial`` runs every
+section alone, in order. The report is rewritten as each section ends, in section order.
 
 1. environment: GPU, memory, driver, versions, commit (``GPU_CHECK_COMMIT`` where the tree has no ``.git``), date;
 2. ``pytest -m cuda``: counts, and each failure's last lines;
@@ -43,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -52,13 +57,19 @@ PY = sys.executable
 # number, key, title, needs CUDA, time bound on a GPU (s), time bound in the dry run (s)
 SECTIONS = [
     (1, 'environment', 'Environment', False, 60, 60),
-    (2, 'cuda_tests', '`pytest -m cuda`', True, 330, 90),
-    (3, 'loop_syncs', 'Host synchronizations per iteration of the training loop', True, 240, 90),
-    (4, 'throughput', 'Throughput against the targets (`benchmarks/gpu_throughput.py --compile`)', True, 480, 90),
-    (5, 'forms', 'The accelerator forms', True, 240, 120),
-    (6, 'recipe', 'A real recipe: SupCon resnet18 on CIFAR-10-layout files, `--deterministic`', True, 300, 150),
-    (7, 'field', 'The field on the GPU (digits, 32 px, resnet18, one seed)', True, 420, 240),
+    (2, 'cuda_tests', '`pytest -m cuda`', True, 240, 90),
+    (3, 'loop_syncs', 'Host synchronizations per iteration of the training loop', True, 120, 90),
+    (4, 'throughput', 'Throughput against the targets (`benchmarks/gpu_throughput.py --compile`)', True, 300, 90),
+    (5, 'forms', 'The accelerator forms', True, 200, 120),
+    (6, 'recipe', 'A real recipe: SupCon resnet18 on CIFAR-10-layout files, `--deterministic`', True, 240, 150),
+    (7, 'field', 'The field on the GPU (digits, 32 px, resnet18, one seed)', True, 300, 240),
 ]
+# The default plan: the environment, then the throughput alone on the machine (its timings must not share it), then
+# the correctness sections side by side, each group in a process chain of its own (their timings are under load, and
+# the reports say so). ``--serial`` runs every section alone, in order.
+ALONE = (1, 4)
+SIDE_BY_SIDE = ((2,), (3, 5), (6,), (7,))
+DEFAULT_BUDGET = 560          # seconds: one 10-minute call on one H100, with room for the transfers
 RESULT_MARK = 'GPU_CHECK_SECTION_RESULT '
 
 
@@ -205,7 +216,8 @@ def section_loop_syncs(ctx):
 # ---------------------------------------------------------------- 4. throughput
 def section_throughput(ctx):
     out_json = os.path.join(ctx.work, 'throughput.json')
-    flags = ['--smoke', '--profile', 'always'] if ctx.dry else ['--compile', '--steps', '20', '--warmup', '3']
+    flags = ['--smoke', '--profile', 'always'] if ctx.dry else \
+        ['--compile', '--batches', '1024', '--steps', '20', '--warmup', '3']
     code, out = run([PY, 'benchmarks/gpu_throughput.py', *flags, '--device', ctx.device, '--json', out_json],
                     ctx.log, ctx.left(5))
     report = {}
@@ -218,8 +230,10 @@ def section_throughput(ctx):
         lines += ['', f'**{config["model"]}, batch {config["batch"]}** ({report.get("steps")} timed steps)', '',
                   '| row | images/s | ours/baseline | ours/bound |', '| --- | --- | --- | --- |']
         for row, rate in rates.items():
-            ratios = ('', '') if row in ('baseline', 'bound') else \
-                (f'{rate / rates["baseline"]:.2f}', f'{rate / rates["bound"]:.2f}')
+            over = 'bound compiled' if 'compiled' in row and 'bound compiled' in rates else 'bound'
+            ratios = ('', '') if row.startswith(('baseline', 'bound')) else \
+                (f'{rate / rates["baseline"]:.2f}', f'{rate / rates[over]:.2f}' + (' (compiled bound)'
+                                                                                   if over != 'bound' else ''))
             lines.append(f'| {row} | {rate:.0f} | {ratios[0]} | {ratios[1]} |')
         for m in config['missed']:
             lines.append(f'\nTarget missed: {m["row"]} / {m["over"]} = {m["ratio"]:.2f} < {m["target"]}.')
@@ -387,47 +401,62 @@ def field_runs():
     return runs
 
 
-def forked(fn, args, log, timeout):
+class Forked:
     """``fn(*args)`` in a forked child (the imports are the parent's; the child alone touches CUDA), its output into
-    ``log``; returns its JSON-able result, or raises ``RuntimeError`` with the output's last lines."""
-    result = tempfile.NamedTemporaryFile(suffix='.json', delete=False).name
-    sys.stdout.flush()                              # the child must not print the parent's buffered output again
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:                                    # the child
-        code = 1
+    ``log`` (a file of its own); :meth:`poll` is ``None`` while it runs, then its JSON-able result, or raises
+    ``RuntimeError`` with the output's last lines (or the time-out)."""
+
+    def __init__(self, fn, args, log, timeout):
+        self.log, self.timeout, self.start = log, timeout, time.monotonic()
+        self.result = tempfile.NamedTemporaryFile(suffix='.json', delete=False).name
+        sys.stdout.flush()                          # the child must not print the parent's buffered output again
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:                           # the child
+            code = 1
+            try:
+                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                sys.stdout = sys.stderr = open(fd, 'w', buffering=1, closefd=False)   # also where they were replaced
+                value = fn(*args)
+                with open(self.result, 'w') as f:
+                    json.dump(value, f)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+
+    def poll(self):
+        done, status = os.waitpid(self.pid, os.WNOHANG)
+        if not done:
+            if time.monotonic() - self.start <= self.timeout:
+                return None
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            os.unlink(self.result)
+            raise RuntimeError(f'timed out after {self.timeout:.0f} s')
         try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            value = fn(*args)
-            with open(result, 'w') as f:
-                json.dump(value, f)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
+            if os.waitstatus_to_exitcode(status) != 0:
+                with open(self.log) as f:
+                    raise RuntimeError(tail(f.read(), 8))
+            with open(self.result) as f:
+                return json.load(f)
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    start = time.monotonic()
+            os.unlink(self.result)
+
+
+def forked(fn, args, log, timeout):
+    """:class:`Forked`, waited for: its result, or ``RuntimeError``."""
+    child = Forked(fn, args, log, timeout)
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() - start > timeout:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise RuntimeError(f'timed out after {timeout:.0f} s')
+        out = child.poll()
+        if out is not None:
+            return out
         time.sleep(0.2)
-    try:
-        if os.waitstatus_to_exitcode(status) != 0:
-            with open(log) as f:
-                raise RuntimeError(tail(f.read(), 8))
-        with open(result) as f:
-            return json.load(f)
-    finally:
-        os.unlink(result)
 
 
 def field_one(script, flags, linear_flags):
@@ -446,6 +475,10 @@ def field_one(script, flags, linear_flags):
     return out
 
 
+FIELD_PARALLEL = 3            # field runs side by side on the GPU (2 in the dry run)
+FIELD_LINEAR_LR = 0.1         # the probe's learning rate: lr 1 did not converge on resnet18's features (2026-11-26)
+
+
 def section_field(ctx):
     sys.path.insert(0, ROOT)
     import main_ce  # noqa: F401  (imported before the forks: each child starts from them)
@@ -456,31 +489,56 @@ def section_field(ctx):
     common = ['--dataset', 'digits', '--size', size, '--model', model, '--batch_size', '128', '--cosine',
               '--augment', 'device', '--num_workers', '0', '--seed', '0', '--device', ctx.device, '--print_freq',
               '1000']
+    runs = field_runs()
+    results, order = {}, [name for name, *_ in runs]
+    pending, running, skipped = list(runs), {}, []
+    parallel = 2 if ctx.dry else FIELD_PARALLEL
+    while pending or running:
+        while pending and len(running) < parallel:
+            name, script, flags = pending.pop(0)
+            if ctx.left() < 10:
+                skipped.append(name)
+                continue
+            save = os.path.join(ctx.work, re.sub(r'\W+', '_', name), 'pretrain')
+            hyper = [] if script == 'main_ce' else ['--learning_rate', '0.2', '--temp', '0.1']
+            argv = [*common, '--epochs', epochs, *hyper, *flags, '--save_folder', save]
+            linear = [*common, '--epochs', lin, '--learning_rate', str(FIELD_LINEAR_LR)]
+            log = os.path.join(ctx.work, re.sub(r'\W+', '_', name) + '.log')
+            try:
+                running[name] = (Forked(field_one, (script, argv, linear), log, min(ctx.left(), 150)), log)
+            except RuntimeError as e:
+                results[name] = {'error': str(e)}
+        for name, (child, log) in list(running.items()):
+            try:
+                out = child.poll()
+            except RuntimeError as e:
+                out = {'error': str(e)}
+            if out is None:
+                continue
+            del running[name]
+            results[name] = out
+            with open(log) as f, open(ctx.log, 'a') as whole:
+                whole.write(f'\n--- {name}\n{f.read()}')
+        time.sleep(0.2)
     rows = ['| run | seconds per epoch (pre-training) | first epoch (s) | test top-1 (%) |',
             '| --- | --- | --- | --- |']
-    data, ok, skipped = {}, True, []
-    for name, script, flags in field_runs():
-        save = os.path.join(ctx.work, re.sub(r'\W+', '_', name), 'pretrain')
-        hyper = [] if script == 'main_ce' else ['--learning_rate', '0.2', '--temp', '0.1']
-        argv = [*common, '--epochs', epochs, *hyper, *flags, '--save_folder', save]
-        linear = [*common, '--epochs', lin, '--learning_rate', '1']
-        if ctx.left() < 10:
+    data, ok = {}, True
+    for name in order:
+        if name in skipped:
             rows.append(f'| {name} | skipped: out of time | | |')
-            skipped.append(name)
             continue
-        try:
-            r = forked(field_one, (script, argv, linear), ctx.log, min(ctx.left(), 120))
-            times = r['epoch_times']
-            steady = times[1:] or times
-            data[name] = r
-            rows.append(f'| {name} | {sum(steady) / len(steady):.2f} | {times[0]:.2f} | {r["test_acc"]:.2f} |')
-        except RuntimeError as e:
+        r = results[name]
+        data[name] = r
+        if 'error' in r:
             ok = False
-            data[name] = {'error': str(e)}
-            rows.append(f'| {name} | failed: `{str(e).splitlines()[-1][:120] if str(e) else "?"}` | | |')
+            rows.append(f'| {name} | failed: `{r["error"].splitlines()[-1][:120] if r["error"] else "?"}` | | |')
+            continue
+        times = r['epoch_times']
+        steady = times[1:] or times
+        rows.append(f'| {name} | {sum(steady) / len(steady):.2f} | {times[0]:.2f} | {r["test_acc"]:.2f} |')
     summary = (f'`--dataset digits --size {size} --model {model} --batch_size 128 --cosine --augment device`, '
-               f'{epochs} epochs (lr 0.2, temperature 0.1; CE lr 0.1), linear evaluation {lin} epochs at lr 1; '
-               f'seed 0.\n\n' + '\n'.join(rows))
+               f'{epochs} epochs (lr 0.2, temperature 0.1; CE lr 0.1), linear evaluation {lin} epochs at lr '
+               f'{FIELD_LINEAR_LR}; seed 0; {parallel} runs side by side on the device.\n\n' + '\n'.join(rows))
     if skipped:        # runs the budget left no time for are not failures: the next call runs them (--sections 7)
         summary += (f'\n\n{len(skipped)} of {len(rows) - 2} runs skipped: out of time ({", ".join(skipped)}); '
                     'run the section again for them')
@@ -575,8 +633,12 @@ def main(argv=None):
     parser.add_argument('--dry-run', action='store_true', help='tiny sizes, any device (the suite runs this)')
     parser.add_argument('--sections', default='1-7', help='which sections, e.g. 1-3,5 (1 always runs)')
     parser.add_argument('--budget', type=float, default=None,
-                        help='seconds for everything (default 1200; dry run: the sum of its sections\' bounds): a '
-                             'section that would start later is skipped, one that runs past it is stopped')
+                        help=f'seconds for everything (default {DEFAULT_BUDGET}: one 10-minute call; dry run: the '
+                             'bounds of the sections run alone plus the longest group side by side): a section that '
+                             'would start later is skipped, one that runs past it is stopped')
+    parser.add_argument('--serial', action='store_true',
+                        help='every section alone, in order (default: the throughput alone, then the correctness '
+                             'sections side by side)')
     parser.add_argument('--slack', default='auto',
                         help='multiply every section\'s time bound by this (default auto: 1 + the load average per '
                              'core, so a loaded machine gets more time)')
@@ -606,47 +668,67 @@ def main(argv=None):
     import torch
     cuda = torch.cuda.is_available()
     dry = args.dry_run or not cuda
-    budget = args.budget or (slack * sum(b for n, *_, b in SECTIONS if n in chosen) if dry else 1200)
+    if args.serial:
+        alone, together = [[n] for n in sorted(chosen)], []
+    else:
+        alone = [[n] for n in ALONE if n in chosen]
+        together = [g for g in ([n for n in group if n in chosen] for group in SIDE_BY_SIDE) if g]
+    bounds = {n: (dry_bound if dry else bound) for n, _, _, _, bound, dry_bound in SECTIONS}
+    default = sum(bounds[g[0]] for g in alone) + max((sum(bounds[n] for n in g) for g in together), default=0)
+    budget = args.budget or (slack * default if dry else DEFAULT_BUDGET)
     log = os.path.join(args.out, 'gpu_check.log')
     open(log, 'w').close()
     start = time.monotonic()
     meta = {'command': ' '.join(['bash scripts/gpu_check.sh', *(argv if argv is not None else sys.argv[1:])]),
-            'dry_run': args.dry_run, 'cuda': cuda, 'budget_s': budget, 'slack': slack, 'elapsed_s': 0}
-    results = []
+            'dry_run': args.dry_run, 'cuda': cuda, 'budget_s': budget, 'slack': slack, 'elapsed_s': 0,
+            'plan': {'alone': alone, 'side_by_side': together}}
+    results, lock = [], threading.Lock()
     print(f'GPU check ({"dry run, " if args.dry_run else ""}{"CUDA" if cuda else "no CUDA: tiny sizes on the CPU"}); '
-          f'report in {args.out}', flush=True)
+          f'report in {args.out}; alone: {", ".join(str(g[0]) for g in alone)}'
+          + (f'; then side by side: {" | ".join(",".join(map(str, g)) for g in together)}' if together else ''),
+          flush=True)
     with tempfile.TemporaryDirectory(prefix='gpu_check_') as scratch:
-        for number, key, title, _, bound, dry_bound in SECTIONS:
-            if number not in chosen:
-                continue
-            left = budget - (time.monotonic() - start)
-            seconds = min(slack * (dry_bound if dry else bound), left - 3)
-            entry = {'number': number, 'key': key, 'title': title, 'seconds': 0.0}
-            if seconds < 10:
-                entry.update(status='skipped: out of time', summary=f'{left:.0f} s of the --budget left', data={})
-            else:
-                print(f'[{number}/{len(SECTIONS)}] {title} (at most {seconds:.0f} s) ...', flush=True)
-                work = os.path.join(scratch, key)
-                os.makedirs(work)
-                t = time.monotonic()
-                with open(log, 'a') as f:
-                    f.write(f'\n\n===== {number}. {title}\n')
-                code, out = run([PY, os.path.abspath(__file__), '--run-section', key, '--work', work, '--log', log,
-                                 '--seconds', seconds - 5, '--cuda', int(cuda),
-                                 *(['--dry-run'] if args.dry_run else [])], log, seconds)
-                entry['seconds'] = time.monotonic() - t
-                marked = [line for line in out.splitlines() if line.startswith(RESULT_MARK)]
-                if marked:
-                    entry.update(json.loads(marked[-1][len(RESULT_MARK):]))
+        def run_group(numbers, group_log):
+            for number in numbers:
+                _, key, title, _, bound, dry_bound = SECTIONS[number - 1]
+                left = budget - (time.monotonic() - start)
+                seconds = min(slack * (dry_bound if dry else bound), left - 3)
+                entry = {'number': number, 'key': key, 'title': title, 'seconds': 0.0}
+                if seconds < 10:
+                    entry.update(status='skipped: out of time', summary=f'{left:.0f} s of the --budget left', data={})
                 else:
-                    why = 'timed out' if code == 'timed out' else f'exited {code} without a result'
-                    entry.update(status='timed out' if code == 'timed out' else 'failed', data={},
-                                 summary=f'The section {why} after {entry["seconds"]:.0f} s; the last lines of its '
-                                         f'output:\n\n```\n{tail(out, 20)}\n```')
-                print(f'      {entry["status"]} ({entry["seconds"]:.0f} s)', flush=True)
-            results.append(entry)
-            meta['elapsed_s'] = time.monotonic() - start
-            write_report(args.out, results, meta)
+                    print(f'[{number}/{len(SECTIONS)}] {title} (at most {seconds:.0f} s) ...', flush=True)
+                    work = os.path.join(scratch, key)
+                    os.makedirs(work)
+                    t = time.monotonic()
+                    with open(group_log, 'a') as f:
+                        f.write(f'\n\n===== {number}. {title}\n')
+                    code, out = run([PY, os.path.abspath(__file__), '--run-section', key, '--work', work, '--log',
+                                     group_log, '--seconds', seconds - 5, '--cuda', int(cuda),
+                                     *(['--dry-run'] if args.dry_run else [])], group_log, seconds)
+                    entry['seconds'] = time.monotonic() - t
+                    marked = [line for line in out.splitlines() if line.startswith(RESULT_MARK)]
+                    if marked:
+                        entry.update(json.loads(marked[-1][len(RESULT_MARK):]))
+                    else:
+                        why = 'timed out' if code == 'timed out' else f'exited {code} without a result'
+                        entry.update(status='timed out' if code == 'timed out' else 'failed', data={},
+                                     summary=f'The section {why} after {entry["seconds"]:.0f} s; the last lines of '
+                                             f'its output:\n\n```\n{tail(out, 20)}\n```')
+                    print(f'      {number}. {entry["status"]} ({entry["seconds"]:.0f} s)', flush=True)
+                with lock:
+                    results.append(entry)
+                    results.sort(key=lambda r: r['number'])
+                    meta['elapsed_s'] = time.monotonic() - start
+                    write_report(args.out, results, meta)
+        for group in alone:
+            run_group(group, log)
+        threads = [threading.Thread(target=run_group, args=(g, os.path.join(
+            args.out, f'gpu_check_{"-".join(map(str, g))}.log'))) for g in together]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     failed = [r for r in results if r['status'] in ('failed', 'timed out')]
     print(f'report: {os.path.join(args.out, "gpu_report.md")}; '
           f'{len(failed)} of {len(results)} sections failed or timed out', flush=True)

@@ -52,7 +52,8 @@ def dense_forms():
 
     def statistics(self, labels=None):
         valid = self.valid.float()
-        same = (self.label[None, :] == labels.reshape(-1, 1)) & self.valid               # [B, K] bool
+        labels = labels.to(self.label.device, non_blocking=True).reshape(-1, 1)          # the loader's, on the host
+        same = (self.label[None, :] == labels) & self.valid                               # [B, K] bool
         return {'queue/fill': valid.mean(), 'queue/pos_per_anchor': same.sum(1).float().mean()}
 
     losses.queue_positive_sums = queue_positive_sums

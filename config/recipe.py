@@ -131,6 +131,8 @@ def tokens(action, value, key, path):
         if not isinstance(value, bool):
             raise UserError(f'--config {path}: {key} is an on/off flag: true or false, not {value!r}')
         return [flag] if value else []
+    if action.nargs == '?' and isinstance(value, bool):   # on/off/auto (--channels_last): true or false
+        return [flag, 'on' if value else 'off']
     if isinstance(value, dict) or isinstance(value, bool):
         raise UserError(f'--config {path}: {key} takes a {getattr(action.type, "__name__", "value")}, not '
                         f'{value!r}')

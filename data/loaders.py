@@ -137,8 +137,13 @@ def in_memory_images(dataset):
                     f'_lt and coarse forms), not {type(dataset).__name__}; use --augment cpu')
 
 
-def _check_augment(augment, dataset, randaugment, n_views, image_cache):
+def _check_augment(augment, dataset, randaugment, n_views, image_cache, device):
     check(image_cache >= 0, f'--image_cache must be >= 0 (0: off), got {image_cache}')
+    resolved = {}
+    if augment == 'auto':       # the batched augmentation on a GPU where it can run; the PIL pipeline elsewhere
+        from training.runtime import device_type
+        can = (dataset_info(dataset).in_memory or image_cache) and not randaugment
+        augment = resolved['augment'] = 'device' if device_type(device) == 'cuda' and can else 'cpu'
     check(not image_cache or not dataset_info(dataset).in_memory,
           f'--image_cache is for datasets read from image files; --dataset {dataset} is held in memory already')
     if augment == 'device':
@@ -149,13 +154,15 @@ def _check_augment(augment, dataset, randaugment, n_views, image_cache):
         check(not randaugment, '--randaugment runs in the PIL pipeline only (its 14 operations are not batched on the '
                                'device here): use --augment cpu')
     check(n_views >= 2, f'--n_views must be >= 2 (a contrastive loss needs two views of a sample), got {n_views}')
+    return resolved
 
 
 AUGMENT = Feature(
     'augmentation (docs/AUGMENT.md)', check=_check_augment,
-    flags={'--augment': dict(choices=['cpu', 'device'], default='cpu',
-                             help='training augmentation: cpu (per image, PIL, DataLoader workers: SupContrast\'s) '
-                                  'or device (the same pipeline batched on --device; in-memory datasets)'),
+    flags={'--augment': dict(choices=['auto', 'cpu', 'device'], default='auto',
+                             help='training augmentation: cpu (per image, PIL, DataLoader workers: SupContrast\'s), '
+                                  'device (the same pipeline batched on --device; in-memory datasets), or auto '
+                                  '(device on CUDA where it can run, cpu elsewhere)'),
            '--randaugment': dict(type=randaugment_spec, default=None,
                                  help='add RandAugment with N operations of magnitude M, e.g. "2,9" (PIL pipeline: '
                                       '--augment cpu; default: off)'),

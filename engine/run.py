@@ -19,6 +19,7 @@ from training.run_folder import RUN, RUN_IDENTITY, hold_run_folder, writable_fol
 from training.run_log import RunLogger
 from training.runtime import (
     GENERATORS,
+    describe_path,
     get_rng_state,
     keep_freed_memory,
     rank_rng_state,
@@ -46,6 +47,7 @@ def setup(opt, run_folder=True):
     init_distributed(opt)
     if run_folder:
         prepare_run_folder(opt)
+        print(describe_path(opt.device, opt.augment, opt.amp, opt.channels_last, opt.compile))
     set_seed(opt.seed + opt.rank)
     return opt
 

@@ -11,8 +11,10 @@ result's shape or value is needed on the host:
 - ``equal`` (a Python bool);
 - blocking copies to the device, which on CUDA wait for the device to finish the copy: ``.to(device)`` of host
   data without ``non_blocking=True``, ``torch.tensor(data, device=...)`` / ``torch.as_tensor(data, device=...)``
-  from host data (a constant made per step: make it on the device once), and indexing device data with host
-  indices (the indices are copied to the device first);
+  from host data (a constant made per step: make it on the device once), indexing device data with host
+  indices (the indices are copied to the device first), and an index assignment of host data into device data
+  (``dev[idx] = True``, ``dev[idx] = host_tensor``: Python's ``__setitem__`` wraps a Python number in a host
+  scalar tensor when the target is on CUDA, and ``index_put_`` copies it to the device, a blocking copy);
 - copies to the host: ``.tolist()``, ``.numpy()``, ``.cpu()``, ``.to('cpu')`` (wrapped, since they do not
   dispatch on a CPU tensor). The code says which copy it means: a string ``'cpu'`` or ``.cpu()`` is a copy to
   the host, a ``torch.device`` (``opt.device``, ``x.device``) one to the device.
@@ -38,6 +40,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 aten = torch.ops.aten
+# Modes (``helpers.method_modes`` names) whose definition reads device data back every step, by design and documented:
+# what a step of theirs must wait for, on the CPU counter (``tests/training/test_sync.py``) and on CUDA
+# (``tests/test_cuda.py``, which counts the waits under the sync debug mode) alike.
+READS_BY_DESIGN = {
+    # the authors' per-step assignment (losses_proto.TSCLoss, docs/FIELD.md): the cost matrix read back once
+    'TSC --tsc_assign=step': {'Tensor.cpu': 1},
+}
 SYNCING = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
            aten.equal.default, aten.bincount.default,
            aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,
@@ -77,6 +86,7 @@ class SyncCounter(TorchDispatchMode):
         self._host = _IdSet()
         self._made = _IdSet()                # made by a factory (no tensor input)
         self._saved = {}
+        self._setitem_values = []            # per nested __setitem__: is its value host data (a Python number)?
 
     def host(self, *tensors):
         """Mark ``tensors`` as host data (a loader's labels and ids)."""
@@ -101,6 +111,10 @@ class SyncCounter(TorchDispatchMode):
                 args[0] not in self._host and args[0] not in self._made and \
                 any(i is not None and i in self._host for i in args[1]):
             name = f'{func.overloadpacket.__name__} (host indices into device data)'
+        elif func in (aten.index_put.default, aten.index_put_.default) and \
+                args[0] not in self._host and args[0] not in self._made and \
+                (args[2] in self._host or (self._setitem_values and self._setitem_values[-1])):
+            name = f'{func.overloadpacket.__name__} (host value into device data)'
         elif func is aten.repeat_interleave.Tensor and kwargs.get('output_size') is None:
             name = 'repeat_interleave (no output_size)'
         elif func is aten.histc.default and tuple(args[2:4]) in ((), (0, 0)) and not kwargs:
@@ -153,6 +167,18 @@ class SyncCounter(TorchDispatchMode):
                 self._host.discard(out)
             return out
         torch.Tensor.to = to
+        original_setitem = torch.Tensor.__setitem__
+        self._saved['__setitem__'] = original_setitem
+
+        def setitem(t, index, value):
+            """``t[index] = value``: a Python number is host data (on CUDA a host scalar tensor that an index
+            assignment copies to the device); a plain slice assignment of it is a fill and waits for nothing."""
+            self._setitem_values.append(isinstance(value, (bool, int, float, complex)))
+            try:
+                return original_setitem(t, index, value)
+            finally:
+                self._setitem_values.pop()
+        torch.Tensor.__setitem__ = setitem
         for factory in HOST_FACTORIES:
             original_factory = getattr(torch, factory)
             self._saved[f'torch.{factory}'] = original_factory
@@ -212,3 +238,25 @@ def accelerator_forms():
         yield
     finally:
         losses_carrot.pair_quantiles, augment.BatchAugment.apply = real_quantiles, real_apply
+
+
+class OperatorCounter(TorchDispatchMode):
+    """``with OperatorCounter() as c: ...`` then ``c.kernels``: the operators dispatched in the block that would each
+    launch a kernel on a GPU (views, ``detach`` and allocations without a fill are left out), by name in
+    ``c.counts``. A step's count is its launch count to first order: on a GPU each costs some microseconds of host
+    time whatever its size, which is what limited SupCon + CARROT on the H100 (docs/results.md, "On a GPU")."""
+    FREE = {'empty', 'empty_strided', 'empty_like', 'detach', 'alias', 'lift_fresh', '_unsafe_view'}
+
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in self.FREE:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def kernels(self):
+        return sum(self.counts.values())

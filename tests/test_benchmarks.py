@@ -32,3 +32,16 @@ def test_benchmark_runs(name):
                           capture_output=True, text=True, timeout=scaled(600), env=script_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip()
+
+
+def test_a_compiled_row_is_compared_with_the_compiled_bound():
+    """``gpu_throughput.py --compile`` measures ``bound compiled``: a compiled row's ratio is taken over it (the
+    H100 report of 2026-11-26 read 1.29 of the uncompiled bound), every other row's over the plain bound."""
+    from benchmarks.gpu_throughput import bound_of, missed_targets
+    rates = {'baseline': 1.0, 'bound': 10.0, 'bound compiled': 14.0, 'ours SupCon': 9.0, 'ours SupCon compiled': 12.0}
+    assert bound_of('ours SupCon compiled', rates) == 'bound compiled' and bound_of('ours SupCon', rates) == 'bound'
+    assert bound_of('ours SupCon compiled', {'bound': 10.0}) == 'bound'        # measured without --compile
+    assert missed_targets('resnet18', rates) == []
+    rates['ours SupCon compiled'] = 11.0                                      # 0.79 of the compiled bound
+    assert [(row, over) for row, over, *_ in missed_targets('resnet18', rates)] == [
+        ('ours SupCon compiled', 'bound compiled')]

@@ -45,7 +45,14 @@ def test_the_dry_run_passes_on_a_loaded_machine_and_says_what_needs_cuda(tmp_pat
     assert len(sections['field']['data']) == len(gpu_check.field_runs())
     assert all('test_acc' in r for r in sections['field']['data'].values())
     assert '## 7. The field on the GPU' in report and 'passed' not in report.split('## 2.')[1].split('\n')[0]
-    assert sorted(os.listdir(tmp_path)) == ['gpu_check.log', 'gpu_report.json', 'gpu_report.md']
+    # the default plan: the environment and the throughput alone, then four process chains side by side
+    with open(tmp_path / 'gpu_report.json') as f:
+        meta = json.load(f)['meta']
+    assert meta['plan'] == {'alone': [[1], [4]], 'side_by_side': [[2], [3, 5], [6], [7]]}
+    assert sorted(os.listdir(tmp_path)) == ['gpu_check.log', 'gpu_check_2.log', 'gpu_check_3-5.log',
+                                            'gpu_check_6.log', 'gpu_check_7.log', 'gpu_report.json', 'gpu_report.md']
+    assert '===== 5. The accelerator forms' in (tmp_path / 'gpu_check_3-5.log').read_text()
+    assert report.index('## 2.') < report.index('## 3.') < report.index('## 7.')      # in section order
     # a second call into the same folder is refused before it runs anything: the first report stays
     again = subprocess.run(['bash', 'scripts/gpu_check.sh', '--dry-run', '--out', str(tmp_path)], cwd=ROOT,
                            capture_output=True, text=True, timeout=120, env={**os.environ, 'PY': sys.executable})
@@ -138,8 +145,31 @@ def test_field_runs_skipped_for_time_are_not_failures(tmp_path, monkeypatch):
     def fail(*args):
         ctx.n = 1
         raise RuntimeError('boom')
-    monkeypatch.setattr(gpu_check, 'forked', fail)
+    monkeypatch.setattr(gpu_check, 'Forked', fail)
     assert gpu_check.section_field(ctx)['status'] == 'failed'
+
+
+def test_forked_children_run_side_by_side_and_report_each_outcome(tmp_path):
+    """The field's pool: children started together finish together (they ran side by side), a failing child's
+    last lines and a child past its time bound come back as ``RuntimeError``."""
+    import time
+    start = time.monotonic()
+    children = [gpu_check.Forked(lambda i: time.sleep(1.0) or i, (i,), str(tmp_path / f'{i}.log'), 30)
+                for i in range(3)]
+    results = {}
+    while len(results) < 3:
+        for i, child in enumerate(children):
+            if i not in results:
+                out = child.poll()
+                if out is not None:
+                    results[i] = out
+        time.sleep(0.05)
+    assert results == {0: 0, 1: 1, 2: 2}
+    assert time.monotonic() - start < 2.5                      # three 1-second children, not three seconds
+    with pytest.raises(RuntimeError, match='ZeroDivisionError'):
+        gpu_check.forked(lambda: 1 / 0, (), str(tmp_path / 'fail.log'), 30)
+    with pytest.raises(RuntimeError, match='timed out after 1 s'):
+        gpu_check.forked(time.sleep, (30,), str(tmp_path / 'hang.log'), 1)
 
 
 def test_outcome_never_says_passed_without_cuda(tmp_path):

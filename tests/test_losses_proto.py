@@ -49,17 +49,26 @@ def test_bcl_term_by_hand_and_its_power():
     assert not torch.isclose(bcl_loss(feats, labels, protos, TAU), unaveraged)
 
 
-def test_bcl_loss_is_weighted_logit_adjusted_ce_plus_the_term_and_trains_its_parameters():
-    """BCLLoss = ce_weight * LA-CE(W h) on every view + bcl_weight * the term over normalize(g(W)); its classifier
+@pytest.mark.parametrize('classifier', ['cosine', 'linear'])
+def test_bcl_loss_is_weighted_logit_adjusted_ce_plus_the_term_and_trains_its_parameters(classifier):
+    """BCLLoss = ce_weight * LA-CE(f(h)) on every view + bcl_weight * the term over normalize(g(W)), ``f`` the
+    cosine classifier ``s * cos(h, w_c)`` (written here per row and class) or ``W h + b``; its classifier
     and prototype head get gradients (they are what the optimizer adds to the model's)."""
     torch.manual_seed(0)
     counts = [40, 20, 10, 5, 1]
-    loss = BCLLoss(counts, enc_dim=8, feat_dim=6, temperature=TAU, ce_weight=2.0, bcl_weight=0.6).double()
+    loss = BCLLoss(counts, enc_dim=8, feat_dim=6, temperature=TAU, ce_weight=2.0, bcl_weight=0.6,
+                   classifier=classifier).double()
     feats, labels, _ = case('random')
     h = torch.randn(2 * 12, 8, dtype=torch.float64)
     got = loss(feats, labels, h_enc=h)
-    protos = F.normalize(loss.prototype_head(loss.classifier.weight), dim=1)
-    want = (2.0 * reference.logit_adjusted(loss.classifier(h), labels.repeat(2), counts, 1.0)
+    w = loss.classifier.weight
+    protos = F.normalize(loss.prototype_head(w), dim=1)
+    if classifier == 'cosine':
+        logits = torch.stack([torch.stack([30.0 * (h[i] @ w[c]) / (h[i].norm() * w[c].norm())
+                                           for c in range(len(counts))]) for i in range(h.shape[0])])
+    else:
+        logits = h @ w.T + loss.classifier.bias
+    want = (2.0 * reference.logit_adjusted(logits, labels.repeat(2), counts, 1.0)
             + 0.6 * reference.bcl(feats, labels, protos, TAU))
     torch.testing.assert_close(got, want)
     got.backward()
@@ -67,6 +76,30 @@ def test_bcl_loss_is_weighted_logit_adjusted_ce_plus_the_term_and_trains_its_par
     assert set(loss.last_stats) == {'ce', 'contrastive'}
     with pytest.raises(ValueError, match='encoder features'):
         loss(feats, labels)
+    with pytest.raises(ValueError, match='classifier in'):
+        BCLLoss(counts, 8, 6, classifier='normed')
+
+
+def test_bcls_cosine_classifier_keeps_its_logits_bounded_where_a_linear_one_explodes():
+    """Why BCL collapsed at the field's recipe (ResNet-18, lr 0.2; docs/FIELD.md, "BCL"): one SGD step moves a linear
+    classifier's logits by about lr * |h|^2, hundreds for a ResNet-18's 512 non-negative features, so its
+    cross-entropy explodes; the authors' cosine classifier's logits stay within its scale, 30. Three steps of the
+    loss's own parameters at lr 0.2 on fixed features of that size."""
+    g = torch.Generator().manual_seed(0)
+    h = 3 * torch.randn(64, 512, generator=g).relu()                       # |h| about 48, as measured
+    feats = F.normalize(torch.randn(32, 2, 16, generator=g), dim=-1)
+    labels = torch.arange(32) % 10
+    largest = {}
+    for classifier in ('cosine', 'linear'):
+        torch.manual_seed(0)
+        loss = BCLLoss([10] * 10, enc_dim=512, feat_dim=16, classifier=classifier)
+        optimizer = torch.optim.SGD(loss.parameters(), lr=0.2, momentum=0.9)
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss(feats, labels, h_enc=h).backward()
+            optimizer.step()
+        largest[classifier] = loss.classifier(h).abs().max().item()
+    assert largest['cosine'] <= 30 + 1e-4 and largest['linear'] > 100, largest
 
 
 # ---------------------------------------------------------------- PaCo

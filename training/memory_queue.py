@@ -96,7 +96,7 @@ class MemoryQueue(nn.Module):
         self.feat[slots] = F.normalize(keys.float(), dim=1)
         self.label[slots] = labels.reshape(-1).to(self.label.device, self.label.dtype, non_blocking=True)
         self.idx[slots] = ids.reshape(-1).to(self.idx.device, self.idx.dtype, non_blocking=True)
-        self.valid[slots] = True
+        self.valid.index_fill_(0, slots, True)           # not `[slots] = True`: a host scalar copied (a wait)
         self.written[slots] = self.steps
         self.ptr.copy_((self.ptr + n) % self.size)
         self.steps += 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.flags import Feature, UserError
+from core.flags import Feature, UserError, check
 
 
 # ---------------------------------------------------------------- seeds and RNG states
@@ -179,12 +179,66 @@ class Runtime:
         return images
 
 
+def device_type(device):
+    """``'cuda'`` or ``'cpu'``: the kind of device ``--device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) names on
+    this machine, without touching it (``resolve_device`` checks it later, in ``engine.setup``)."""
+    name = str(device)
+    if name == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    return 'cuda' if name.startswith('cuda') else 'cpu'
+
+
+def on_off_auto(text):
+    """``--channels_last``'s type: ``auto``, or on/off (``on``, ``off``, ``true``, ``false``, ``1``, ``0``)."""
+    value = str(text).strip().lower()
+    if value == 'auto':
+        return 'auto'
+    if value in ('on', 'true', '1', 'yes'):
+        return True
+    if value in ('off', 'false', '0', 'no'):
+        return False
+    import argparse
+    raise argparse.ArgumentTypeError(f'expected auto, on or off, got {text!r}')
+
+
+def bf16_autocast_fast(device):
+    """Whether the CUDA device has bfloat16 tensor cores (compute capability 8.0 and later: A100, H100, ...); older
+    ones emulate bf16 slowly."""
+    index = torch.device(device).index if str(device).startswith('cuda:') else int(os.environ.get('LOCAL_RANK', 0))
+    return torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def resolve_precision(amp, channels_last, device):
+    """``--amp auto`` and ``--channels_last auto``: on CUDA the fast path (bf16 autocast where the GPU has bf16 tensor
+    cores, channels-last), elsewhere SupContrast's (float32, contiguous): on a CPU exactly the values of ``none`` and
+    off, so a CPU run is bit-equal to one that gives them. A value given is kept."""
+    cuda = device_type(device) == 'cuda'
+    out = {}
+    if amp == 'auto':
+        out['amp'] = 'bf16' if cuda and bf16_autocast_fast(device) else 'none'
+    if channels_last == 'auto':
+        out['channels_last'] = cuda
+    return out
+
+
 PRECISION = Feature(
-    'precision and memory layout', resume_may_change=('amp', 'channels_last'),
-    flags={'--amp': dict(choices=list(AMP_DTYPES), default='none',
-                         help='mixed precision autocast (losses still compute in float32)'),
-           '--channels_last': dict(action='store_true', help='channels-last memory format')},
+    'precision and memory layout', resume_may_change=('amp', 'channels_last'), check=resolve_precision,
+    flags={'--amp': dict(choices=['auto', *AMP_DTYPES], default='auto',
+                         help='mixed precision autocast (losses still compute in float32); auto: bf16 on a CUDA GPU '
+                              'with bf16 tensor cores, none elsewhere'),
+           '--channels_last': dict(type=on_off_auto, nargs='?', const=True, default='auto',
+                                   help='channels-last memory format: on (the flag alone), off, or auto (on on CUDA, '
+                                        'off elsewhere)')},
     run_name=lambda amp: f'_{amp}' if amp != 'none' else '')
+
+
+def describe_path(device, augment, amp, channels_last, compile=False):
+    """The run's first line about its speed path: where it runs and how (the values ``auto`` resolved to)."""
+    line = (f'path: {device}, --augment {augment}, --amp {amp}, --channels_last {"on" if channels_last else "off"}'
+            + (', --compile' if compile else ''))
+    if torch.device(device).type == 'cuda' and (augment, amp, channels_last) == ('device', 'bf16', True):
+        line += ' (the GPU defaults; SupContrast\'s path: --augment cpu --amp none --channels_last off)'
+    return line
 
 
 def compile_modules(enabled, *modules):
@@ -198,9 +252,11 @@ def compile_modules(enabled, *modules):
 
 COMPILE = Feature(
     'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile',),
-    flags={'--compile': dict(action='store_true',
-                             help='torch.compile the encoder and heads (the first steps compile; checkpoints load '
-                                  'with or without it)')})
+    flags={'--compile': dict(type=on_off_auto, nargs='?', const=True, default=False,
+                             help='torch.compile the encoder and heads: on (the flag alone) or off (the first steps '
+                                  'compile; checkpoints load with or without it; the CIFAR recipes turn it on, '
+                                  '--compile off turns it off again)')},
+    check=lambda compile: check(compile != 'auto', '--compile takes on or off, not auto'))
 
 
 def set_deterministic(enabled):

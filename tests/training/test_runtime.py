@@ -92,3 +92,79 @@ def test_rank_states_for_another_number_of_processes():
         assert state is None and '2 process(es)' in why and 'has 3' in why
     assert rank_rng_state({'rng': 'r0'}, 0, 1) == ('r0', None)
     assert rank_rng_state({'rng': 'r0'}, 1, 2)[0] is None
+
+
+# ---------------------------------------------------------------- the fast path by default on a GPU
+FAST = ['--augment', 'device', '--amp', 'bf16', '--channels_last']
+SUPCONTRAST = ['--augment', 'cpu', '--amp', 'none', '--channels_last', 'off']
+
+
+def _same_run(a, b):
+    """Two parses define the same run: every option but the record of the flags given."""
+    a, b = dict(vars(a)), dict(vars(b))
+    a.pop('given_flags'), b.pop('given_flags')
+    return a == b
+
+
+@pytest.fixture
+def a_gpu(monkeypatch):
+    """This process sees a CUDA GPU with bf16 tensor cores (capability 9.0): what ``auto`` reads; nothing is run."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda index=None: (9, 0))
+
+
+@pytest.mark.parametrize('script', ['supcon', 'ce'])
+def test_auto_resolves_on_a_cpu_to_supcontrasts_path_exactly(script):
+    """On a CPU the defaults are today's values: a run with them is the run with ``--augment cpu --amp none
+    --channels_last off`` (every option and the run's name equal, so its result is bit-equal)."""
+    from config.options import parse_option
+    auto = parse_option(script, ['--device', 'auto'])
+    assert (auto.augment, auto.amp, auto.channels_last) == ('cpu', 'none', False)
+    assert _same_run(auto, parse_option(script, ['--device', 'auto', *SUPCONTRAST]))
+
+
+@pytest.mark.parametrize('script', ['supcon', 'ce'])
+def test_auto_resolves_on_a_gpu_to_the_fast_path(script, a_gpu, monkeypatch):
+    from config.options import parse_option
+    auto = parse_option(script, [])
+    assert (auto.augment, auto.amp, auto.channels_last) == ('device', 'bf16', True)
+    assert _same_run(auto, parse_option(script, FAST)) and auto.run_name.endswith('_bf16_devaug')
+    given = parse_option(script, SUPCONTRAST)                     # SupContrast's path back, as given
+    assert (given.augment, given.amp, given.channels_last) == ('cpu', 'none', False)
+    cpu = parse_option(script, ['--device', 'cpu'])               # --device cpu on a GPU machine: today's values
+    assert (cpu.augment, cpu.amp, cpu.channels_last) == ('cpu', 'none', False)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda index=None: (7, 0))
+    assert parse_option(script, []).amp == 'none'                 # a V100: no bf16 tensor cores
+    assert parse_option(script, ['--randaugment', '2,9']).augment == 'cpu'     # RandAugment: the PIL pipeline
+
+
+def test_auto_augments_on_the_cpu_where_the_device_cannot(a_gpu, tmp_path):
+    """A dataset read from image files (without ``--image_cache``) has no device augmentation: ``auto`` takes the
+    PIL pipeline instead of refusing, while ``--augment device`` given is still refused in one line."""
+    from config.options import parse_option
+    from core.flags import UserError
+    folder = ['--dataset', 'path', '--data_folder', str(tmp_path), '--mean', '0.5', '--std', '0.25']
+    assert parse_option('supcon', folder).augment == 'cpu'
+    assert parse_option('supcon', [*folder, '--image_cache', '32']).augment == 'device'
+    with pytest.raises(UserError, match='--augment device needs a dataset held in memory'):
+        parse_option('supcon', [*folder, '--augment', 'device'])
+
+
+def test_channels_last_takes_on_off_and_the_flag_alone(tmp_path):
+    from config.options import parse_option
+    assert parse_option('supcon', ['--channels_last']).channels_last is True
+    assert parse_option('supcon', ['--channels_last', 'off']).channels_last is False
+    assert parse_option('supcon', ['--channels_last', 'on', '--device', 'cpu']).channels_last is True
+    recipe = tmp_path / 'r.yaml'
+    recipe.write_text('channels_last: true\namp: bf16\n')
+    opt = parse_option('supcon', ['--config', str(recipe)])
+    assert (opt.channels_last, opt.amp) == (True, 'bf16')
+
+
+def test_the_first_line_names_the_path():
+    from training.runtime import describe_path
+    assert describe_path(torch.device('cpu'), 'cpu', 'none', False) == \
+        'path: cpu, --augment cpu, --amp none, --channels_last off'
+    line = describe_path(torch.device('cuda'), 'device', 'bf16', True, compile=True)
+    assert line.startswith('path: cuda, --augment device, --amp bf16, --channels_last on, --compile')
+    assert "SupContrast's path: --augment cpu --amp none --channels_last off" in line

@@ -8,7 +8,7 @@ import torch
 import sync_count
 from benchmarks import loop_syncs
 from helpers import build_training, method_modes, step_batch
-from sync_count import SyncCounter
+from sync_count import READS_BY_DESIGN, SyncCounter
 
 # every method of the registry (alone, with the queue and CARROT where it takes them, each choice of its flags), and
 # the modes that are not a method's
@@ -43,10 +43,6 @@ def steady_state_syncs(training, steps=3, inject=None):
     return dict(counter.counts)
 
 
-# modes whose definition reads device data back each step, by design and documented: what the counter must see
-READS_BY_DESIGN = {
-    'TSC --tsc_assign=step': {'Tensor.cpu': 3},     # the authors' per-step assignment (losses_proto.TSCLoss, FIELD.md)
-}
 
 
 @pytest.mark.parametrize('mode', list(MODES))
@@ -165,3 +161,23 @@ def test_power_blocking_copies_and_host_constants_are_counted():
                                     'torch.tensor(device=...) (blocking copy)': 1,
                                     'torch.as_tensor(device=...) (blocking copy)': 1,
                                     'index (host indices into device data)': 1}
+
+
+def test_power_host_values_assigned_into_device_data_are_counted():
+    """``dev[idx] = True`` (a Python number: on CUDA a host scalar tensor that ``index_put_`` copies to the device)
+    and ``dev[idx] = host_tensor`` wait for the device; a fill of a slice, ``index_fill_`` with a number, an
+    assignment of device data and any assignment into host data do not (the H100 report of 2026-11-26 found the
+    first form in RASCAL's cache and the queue, which this counter did not see)."""
+    device_flags, device_rows = torch.zeros(8, dtype=torch.bool), torch.zeros(8, 3)     # made before: device data
+    device_values = torch.ones(2, 3)
+    with SyncCounter() as counter:
+        idx = torch.tensor([1, 4]).to(torch.device('cpu'), non_blocking=True)          # indices on the device
+        device_flags[idx] = True                                                   # counted
+        device_rows[idx] = torch.ones(2, 3)                                        # a host tensor: counted
+        device_flags[2:4] = True                                                   # a fill: not counted
+        device_flags.index_fill_(0, idx, True)                                     # not counted
+        device_rows[idx] = device_values                                           # device data: not counted
+        host_flags = torch.zeros(8, dtype=torch.bool)
+        host_flags[torch.tensor([1, 4])] = True                                    # host into host: not counted
+    assert dict(counter.counts) == {'index_put_ (host value into device data)': 2}
+    assert device_flags.tolist() == [False, True, True, True, True, False, False, False]
