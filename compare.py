@@ -285,7 +285,8 @@ def table(rows, train_metrics=(), baseline=None, paired_metric='final_test_acc',
         lines.append(f'| {label}{" †" if n_diverged else ""} | {len(results)} | ' + ' | '.join(cells) + ' |')
     if baseline is not None:
         lines += ['', f'Paired over seeds against {baseline}: Holm p is the paired t test\'s p-value adjusted '
-                      f'(Holm) across the {len(compared)} comparisons of this table; "detectable at 80 % power" is the '
+                      f'(Holm) across the {len(compared)} comparison{"" if len(compared) == 1 else "s"} of this table; '
+                      '"detectable at 80 % power" is the '
                       'smallest true difference these seeds would find in 80 % of repeats (two-sided, level 0.05, from '
                       'the observed spread of the differences); "seeds for 80 % power" is how many seeds the observed '
                       'difference would need; "seeds better" counts the seeds on which the row beats the baseline.']

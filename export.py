@@ -44,19 +44,22 @@ def torchvision_keys(state):
 
 
 def load_instructions(model, stem, img_size, model_args, file):
-    """How to load the exported weights, as one line of Python (the card's ``load``)."""
+    """How to load the exported weights, as one line of Python (the card's ``load``) that imports what it uses: pasted
+    into a fresh interpreter it leaves the encoder in ``model``."""
     if model.startswith('timm:'):
         extra = ''.join(f', {k}={v!r}' for k, v in parse_model_args(model_args).items())
         size_arg = f', img_size={img_size}' if img_size else ''
-        return (f'timm.create_model({model[len("timm:"):]!r}, pretrained=True, pretrained_cfg_overlay=dict('
-                f'file={file!r}), num_classes=0{size_arg}{extra})')
+        return (f'import timm; model = timm.create_model({model[len("timm:"):]!r}, pretrained=True, '
+                f'pretrained_cfg_overlay=dict(file={file!r}), num_classes=0{size_arg}{extra})')
     if model in TORCHVISION:
-        steps = f'model = torchvision.models.{model}(); model.fc = torch.nn.Identity(); '
+        steps = (f'import torch, torchvision, safetensors.torch; model = torchvision.models.{model}(); '
+                 f'model.fc = torch.nn.Identity(); ')
         if stem == 'cifar':
             steps += CIFAR_STEM + '; '
         return steps + f'model.load_state_dict(safetensors.torch.load_file({file!r}))'
-    return (f'import sys; sys.path.insert(0, {ROOT!r}); import networks; model, _ = networks.build_encoder({model!r}, '
-            f'stem={stem!r}); model.load_state_dict(safetensors.torch.load_file({file!r}))')
+    return (f'import sys; sys.path.insert(0, {ROOT!r}); import networks, safetensors.torch; '
+            f'model, _ = networks.build_encoder({model!r}, stem={stem!r}); '
+            f'model.load_state_dict(safetensors.torch.load_file({file!r}))')
 
 
 def commit():

@@ -14,8 +14,17 @@ def missing(names=NEEDED):
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 
+def needed(argv):
+    """What the command line ``argv`` needs: ``sweep.py FILE --status`` reads the sweep's files only (PyYAML;
+    docs/USAGE.md says it needs no torch), every other command all of :data:`NEEDED`."""
+    script = os.path.basename(argv[0]) if argv and argv[0] else ''
+    if script == 'sweep.py' and '--status' in argv[1:]:
+        return ('yaml',)
+    return NEEDED
+
+
 def check():
-    gone = missing()
+    gone = missing(needed(sys.argv))
     if not gone:
         return
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else 'python'

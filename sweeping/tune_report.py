@@ -74,8 +74,9 @@ def budget_figure(sweep, studies, path):
     fig, ax = plt.subplots(figsize=(7.6, 4.2))
     for label, curve in curves:
         ax.plot(range(1, len(curve) + 1), curve, marker='o', markersize=3, label=label)
-    ax.set_xlabel('trials (measured: pruned trials left out)')
-    ax.set_ylabel(f'expected best {sweep.tune.metric}')
+    ax.set_xlabel('trials measured (count; pruned trials left out)')
+    unit = ' (%)' if sweep.tune.metric.endswith('acc') else ''
+    ax.set_ylabel(f'expected best {sweep.tune.metric}{unit}')
     ax.set_title(f'{sweep.name}: expected best held-out result vs budget', fontsize=10)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
@@ -115,7 +116,8 @@ def optuna_plots(sweep, studies):
                     warnings.simplefilter('ignore')
                     ax = plot(study)
                 figure = (ax[0] if hasattr(ax, '__len__') else ax).figure
-                figure.set_size_inches(7, 4)
+                figure.set_size_inches(8, 4.4)
+                figure.suptitle(f'{sweep.name}: {record["label"]} ({len(complete)} complete trials)', fontsize=9)
                 figure.tight_layout()
                 figure.savefig(os.path.join(record['folder'], name), dpi=110)
                 plt.close(figure)

@@ -53,9 +53,13 @@ def test_a_timm_model_loads_into_timm(tmp_path):
     loaded = timm.create_model('vit_tiny_patch16_224', pretrained=True, num_classes=0, img_size=16, depth=1,
                                patch_size=4,
                                pretrained_cfg_overlay=dict(file=str(tmp_path / 'out' / 'encoder.safetensors')))
+    scope = {}                                            # the card's line as written, in an empty namespace
+    exec(card['load'], scope)
+    loaded_by_card = scope['model']
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(loaded.eval()(x), model.encoder(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loaded_by_card.eval()(x), model.encoder(x), rtol=1e-5, atol=1e-5)
 
 
 def test_an_unfinished_run_says_so_and_bad_input_is_one_line(tmp_path):
@@ -116,7 +120,7 @@ def test_exports_are_readable_by_all_and_the_load_line_works_from_anywhere(tmp_p
     elsewhere = tmp_path / 'elsewhere'
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    scope = {'torch': torch, 'torchvision': torchvision, 'safetensors': safetensors}
+    scope = {}                                            # the line imports what it uses
     exec(card['load'], scope)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -135,7 +139,7 @@ def test_the_load_line_of_our_own_resnet_works_as_written(tmp_path, monkeypatch,
     elsewhere = tmp_path / 'elsewhere'
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    scope = {'torch': torch, 'safetensors': safetensors}
+    scope = {}                                            # the line imports what it uses
     exec(card['load'], scope)
     x = torch.randn(2, 3, size, size)
     with torch.no_grad():

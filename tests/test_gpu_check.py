@@ -48,7 +48,8 @@ def test_the_dry_run_passes_on_a_loaded_machine_and_says_what_needs_cuda(tmp_pat
     # the default plan: the environment and the throughput alone, then four process chains side by side
     with open(tmp_path / 'gpu_report.json') as f:
         meta = json.load(f)['meta']
-    assert meta['plan'] == {'alone': [[1], [4]], 'side_by_side': [[2], [3, 5], [6], [7]]}
+    assert meta['plan'] == {'alone': [[1], [4]], 'side_by_side': [[2], [3, 5], [6], [7]],
+                            'chains': max(1, (os.cpu_count() or 1) // 2)}
     assert sorted(os.listdir(tmp_path)) == ['gpu_check.log', 'gpu_check_2.log', 'gpu_check_3-5.log',
                                             'gpu_check_6.log', 'gpu_check_7.log', 'gpu_report.json', 'gpu_report.md']
     assert '===== 5. The accelerator forms' in (tmp_path / 'gpu_check_3-5.log').read_text()
@@ -147,6 +148,24 @@ def test_field_runs_skipped_for_time_are_not_failures(tmp_path, monkeypatch):
         raise RuntimeError('boom')
     monkeypatch.setattr(gpu_check, 'Forked', fail)
     assert gpu_check.section_field(ctx)['status'] == 'failed'
+
+
+@pytest.mark.slow
+def test_the_chains_run_side_by_side_after_the_throughput_alone(tmp_path):
+    """The driver's plan on sections that each nap 3 s (``GPU_CHECK_SABOTAGE=nap``): the throughput starts only after
+    the environment and ends before any chain starts; the four chains start together (``--chains 4``) and each
+    chain's sections run in order; the whole takes about one chain's time, not the sum; the report lists the sections
+    in order."""
+    proc, sections, report = dry_run(tmp_path, '--chains', '4', env={'GPU_CHECK_SABOTAGE': 'nap'})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    start = {k: s['started_s'] for k, s in sections.items()}
+    end = {k: start[k] + s['seconds'] for k, s in sections.items()}
+    firsts = [start[k] for k in ('cuda_tests', 'loop_syncs', 'recipe', 'field')]
+    assert start['throughput'] >= end['environment'] - 0.5 and min(firsts) >= end['throughput'] - 0.5
+    assert max(firsts) - min(firsts) < 2.5                                    # side by side, not one after another
+    assert start['forms'] >= end['loop_syncs'] - 0.5                          # 3 then 5 in one chain
+    assert max(end.values()) - min(firsts) < 12                               # one chain's 6 s, not the sum of 15 s
+    assert list(sections) == [key for _, key, *_ in gpu_check.SECTIONS]
 
 
 def test_forked_children_run_side_by_side_and_report_each_outcome(tmp_path):

@@ -30,3 +30,21 @@ def test_the_check_comes_before_any_third_party_import():
         names = [(n.names[0].name if isinstance(n, ast.Import) else n.module) for n in imports]
         outside = [n for n in names if n.split('.')[0] not in sys.stdlib_module_names]
         assert outside and outside[0] == 'core.requirements', (script, outside[:3])
+
+
+def test_a_sweeps_status_needs_no_torch(tmp_path):
+    """``sweep.py FILE --status`` reads the sweep's files only: a Python without torch (and Optuna) prints it, as
+    USAGE promises; the same Python running the sweep gets the one line."""
+    sweep = tmp_path / 's.yaml'
+    sweep.write_text(f'name: s\nsave_folder: {tmp_path}\nbase: {{dataset: digits, epochs: 1}}\n'
+                     'methods: {SupCon: {method: SupCon}}\nseeds: [0]\n')
+    code = ("import runpy, sys\nsys.path.insert(0, '.')\nsys.modules['torch'] = None\nsys.modules['optuna'] = None\n"
+            f"sys.argv = ['sweep.py', {str(sweep)!r}, *sys.argv[1:]]\n"
+            "runpy.run_path('sweep.py', run_name='__main__')\n")
+    status = subprocess.run([sys.executable, '-c', code, '--status'], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert status.returncode == 0 and 'Traceback' not in status.stderr, status.stderr
+    assert 'SupCon seed 0' in status.stdout
+    run = subprocess.run([sys.executable, '-c', code, '--dry-run'], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and run.stderr.strip().startswith('sweep.py: error: torch not installed'), run.stderr
