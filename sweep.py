@@ -288,6 +288,8 @@ def tuning_status(sweep, cells):
     """One line per study of ``cells``: its trials by state and its best held-out value so far."""
     from sweeping.tune import progress_line, read_study
     from sweeping.tune_spec import study_folder
+    from training.run_folder import is_held
+    live = is_held(sweep.folder)            # the tuning process holds the sweep's folder while it drives trials
     lines, seen = [f'tuning: {sweep.tune.trials} trials per study, {sweep.tune.metric} on a held-out '
                    f'{sweep.tune.val_split:g} of the training set'], set()
     for cell in cells:
@@ -297,7 +299,7 @@ def tuning_status(sweep, cells):
         seen.add(key)
         folder = study_folder(sweep.folder, cell.method, cell.axes)
         label = ' '.join([cell.method, *(f'{k}={v}' for k, v in cell.axes.items())])
-        lines.append(f'  {label}: {progress_line({**read_study(folder), "folder": folder}, sweep.tune.trials)}')
+        lines.append(f'  {label}: {progress_line({**read_study(folder), "folder": folder}, sweep.tune.trials, live)}')
     return '\n'.join(lines)
 
 

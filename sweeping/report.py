@@ -90,6 +90,8 @@ def write_results(sweep, cells, now):
                 results = []
                 for cell, stage, path in entries:
                     state = now.get((cell.name, stage), 'pending')
+                    if state not in ('failed', 'done') and now.get((cell.name, STAGE1)) == 'failed':
+                        state = 'failed'        # its pre-training failed: its evaluation is not coming
                     if path is None:
                         why = state if state in ('failed', 'done') else 'pending'
                         missing.append((why, f'{label} seed {cell.seed}'))

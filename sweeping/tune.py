@@ -26,6 +26,7 @@ import subprocess
 import time
 from typing import NamedTuple
 
+from core.flags import UserError
 from sweeping import launch as sweep_run
 from sweeping.plan import STAGE1, Cell, build_stages
 from sweeping.tune_spec import BEST, study_folder, study_name
@@ -111,15 +112,21 @@ def read_study(folder):
         return {}
 
 
-def progress_line(record, budget):
-    """``'5 of 8 trials: 3 complete, 1 pruned, 1 running; best 97.2 (trial 2)'``."""
+def progress_line(record, budget, live=True):
+    """``'5 of 8 trials: 3 complete, 1 pruned, 1 running; best 97.2 (trial 2)'``. ``live``: whether a process
+    drives the sweep now; without one a trial the record holds as running is ``interrupted`` (the next call
+    continues it from its checkpoint)."""
     trials = record.get('trials', [])
     counts = {}
     for t in trials:
-        counts[t['state']] = counts.get(t['state'], 0) + 1
-    order = ('complete', 'diverged', 'pruned', 'running', 'crashed')
+        name = 'interrupted' if t['state'] == 'running' and not live else t['state']
+        counts[name] = counts.get(name, 0) + 1
+    order = ('complete', 'diverged', 'pruned', 'running', 'interrupted', 'crashed')
     text = f'{len(trials)} of {budget} trials' + (': ' + ', '.join(f'{counts[s]} {s}' for s in order if s in counts)
                                                   if trials else '')
+    if len(trials) > budget:        # the file's budget was lowered after these ran: the next call refuses it
+        return (f'{len(trials)} trials, more than the file\'s budget of {budget}: refused (raise tune.trials to '
+                f'{len(trials)} or more)')
     best = record.get('best')
     if best:
         text += f'; best {best["value"]:.4g} (trial {best["number"]})'
@@ -229,13 +236,34 @@ def epoch_values(run_folder, key):
 
 
 # ---------------------------------------------------------------- the studies
-def storage_of(sweep):
+def storage_of(sweep, say=None):
+    """The studies' storage: ``storage:``'s URL, else the journal file in the sweep's folder. A journal whose last
+    record a crash cut short mid-write (no final newline: the write never completed, so no trial was told of it) is
+    trimmed to its last whole record first, with a note through ``say``."""
     import optuna
     if sweep.tune.storage:
         return sweep.tune.storage
     from optuna.storages.journal import JournalFileBackend
     os.makedirs(os.path.join(sweep.folder, 'tune'), exist_ok=True)
-    return optuna.storages.JournalStorage(JournalFileBackend(os.path.join(sweep.folder, 'tune', JOURNAL)))
+    path = os.path.join(sweep.folder, 'tune', JOURNAL)
+    trim_cut_record(path, say)
+    return optuna.storages.JournalStorage(JournalFileBackend(path))
+
+
+def trim_cut_record(path, say=None):
+    """Drop a last line without its newline from the journal at ``path`` (a record cut short by a crash); returns the
+    bytes dropped."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, 'rb+') as f:
+        data = f.read()
+        if not data or data.endswith(b'\n'):
+            return 0
+        keep = data.rfind(b'\n') + 1
+        f.truncate(keep)
+    if say is not None:
+        say(f'note: {path}: its last record was cut short ({len(data) - keep} bytes, a crash mid-write): dropped')
+    return len(data) - keep
 
 
 def distribution(rng):
@@ -252,13 +280,25 @@ class Tuner:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna, self.sweep, self.spec, self.say = optuna, sweep, sweep.tune, say
-        storage = storage_of(sweep)
         spec = self.spec
         pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=spec.pruning['min_epochs'],
                                                          reduction_factor=spec.pruning['reduction'])
                   if spec.pruning and spec.direction == 'maximize' else optuna.pruners.NopPruner())
-        self.studies = [(s, optuna.create_study(study_name=s.name, storage=storage, direction=spec.direction,
-                                                pruner=pruner, load_if_exists=True)) for s in studies]
+        try:           # before the first trial: a storage that cannot be opened is one line naming the file's entry
+            storage = storage_of(sweep, say)
+            self.studies = [(s, optuna.create_study(study_name=s.name, storage=storage, direction=spec.direction,
+                                                    pruner=pruner, load_if_exists=True)) for s in studies]
+        except Exception as e:      # SQLAlchemy's and Optuna's errors of every kind for a URL or file they cannot use
+            where = (f'tune.storage {spec.storage!r}' if spec.storage
+                     else os.path.join(sweep.folder, 'tune', JOURNAL))
+            raise UserError(f'{sweep.path}: {where} cannot be opened ({type(e).__name__}: '
+                            f'{(str(e).strip().splitlines() or [""])[0][:160]}): give a storage this machine can '
+                            f'open (sqlite:///path/to/file.db), or move a damaged journal away') from None
+        for study, opt_study in self.studies:     # a budget lowered below what ran: its choice could not respect it
+            if len(opt_study.trials) > spec.trials:
+                raise UserError(f'{sweep.path}: tune.trials is {spec.trials}, but {study.label} already ran '
+                                f'{len(opt_study.trials)} trials: a choice among them would not respect the budget; '
+                                f'raise tune.trials to {len(opt_study.trials)} or more, or tune in a new save_folder')
         self.running = {}           # (study name, trial number) -> Running
         self.crashed = set()
 
@@ -285,6 +325,7 @@ class Tuner:
 
     def start(self, study, opt_study, trial, launch):
         cell = study.cell(trial.number, dict(trial.params))
+        self.set_aside_other_values(cell.folder, trial)
         os.makedirs(cell.folder, exist_ok=True)
         with open(os.path.join(cell.folder, 'trial.json'), 'w') as f:
             json.dump({'study': study.name, 'number': trial.number, 'params': dict(trial.params)}, f, indent=2)
@@ -294,6 +335,24 @@ class Tuner:
         self.record(study, opt_study)          # the running trial in study.json (--status)
         self.say(f'trial {trial.number} of {study.label}: '
                  + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in trial.params.items()))
+
+    def set_aside_other_values(self, folder, trial):
+        """A trial's folder that holds a run of other values (the storage lost that trial's record, say a journal cut
+        short, and asked the number again) would resume that run under this trial's name: it is moved aside (never
+        deleted) with a note, and the trial starts afresh with its own values."""
+        try:
+            with open(os.path.join(folder, 'trial.json')) as f:
+                held = json.load(f).get('params')
+        except (OSError, ValueError):
+            return
+        if held == dict(trial.params):
+            return
+        k = 1
+        while os.path.exists(f'{folder}.other_values_{k}'):
+            k += 1
+        os.rename(folder, f'{folder}.other_values_{k}')
+        self.say(f'note: {folder} held a run of other values ({held}) that the study has no record of: moved to '
+                 f'{folder}.other_values_{k}; trial {trial.number} starts afresh with its own')
 
     def watch(self, key):
         """Report a running trial's new epochs to its study, stop it when the pruner says so, and tell its result when

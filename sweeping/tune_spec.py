@@ -242,24 +242,59 @@ def read_spec(data, method_space, where, entries, axes, evaluations, base, check
     spec = TuneSpec(trials, space, own, val_split=float(val_split), metric=metric, evaluation=evaluation,
                     pruning=pruning, storage=storage, **ints)
     if check:
-        spec.applies = {method: [f for f in space if takes(script, {**base, **flags}, f, space[f])]
-                        for method, (script, flags, _) in entries.items()}
+        try:
+            spec.applies = {}
+            for method, (script, flags, _) in entries.items():
+                run = {**base, **flags}
+                spec.applies[method] = [f for f in space if takes(script, run, f, space[f], f'{at}.space.{f}')]
+                for f, rng in own.get(method, {}).items():
+                    if not takes(script, run, f, rng, f'{where} methods.{method}.tune.{f}'):
+                        raise UserError(f'{where} methods.{method}.tune.{f}: {script} does not take --{f} in this '
+                                        f'method\'s runs ({refusal(script, run, f, None)}): set what it needs in '
+                                        f'the method, or tune another flag')
+                if not spec.applies[method] and not own.get(method):
+                    raise UserError(f'{at}: methods.{method} would tune nothing: {script} takes none of tune.space\'s '
+                                    f'flags ({", ".join(space)}) in its runs; give it a flag it takes (its own tune: '
+                                    'key), or leave it out of the file')
+        except UserError as e:
+            raise SweepError(str(e)) from None
     return spec
 
 
-def takes(script, flags, flag, rng):
-    """Whether a run of ``script`` with ``flags`` takes ``flag`` (its parser has it, and a command line with the
-    range's midpoint is accepted: main_ce.py's --temp needs --supcon_weight, so CE does not tune a temperature)."""
-    if flag not in {a.dest for a in parser_of(script)._actions}:
-        return False
+def refusal(script, flags, flag, value):
+    """The one line ``script`` answers a command line of ``flags`` with ``--flag value`` (the flag's default for
+    ``None``), or ``None`` when it accepts it."""
     import contextlib
     import io
 
     from config.options import parse_option
+    if value is None:
+        value = next(a.default for a in parser_of(script)._actions if a.dest == flag)
+    err = io.StringIO()
     try:
-        argv = argv_of(script, {**flags, flag: rng.midpoint()}, 'tune', only_known=list(flags))
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        argv = argv_of(script, {**flags, flag: value}, 'tune', only_known=list(flags))
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             parse_option(SCRIPTS[script], argv)
-    except (UserError, SweepError, SystemExit):
+    except (UserError, SweepError) as e:
+        return str(e)
+    except SystemExit:
+        lines = err.getvalue().strip().splitlines()
+        return lines[-1].split('error: ', 1)[-1] if lines else 'refused'
+    return None
+
+
+def takes(script, flags, flag, rng, at):
+    """Whether a run of ``script`` with ``flags`` tunes ``flag``: not when its parser lacks the flag, nor when its runs
+    refuse the flag even at its default (main_ce.py's --temp needs --supcon_weight: CE skips a temperature, as
+    USAGE says). A flag it takes must be accepted at both ends of the range and at every choice: a value it refuses is
+    a :class:`UserError` naming the entry ``at``, the value and the script's own line."""
+    if flag not in {a.dest for a in parser_of(script)._actions}:
         return False
+    if refusal(script, flags, flag, None) is not None:
+        return False
+    values = rng.choices if rng.choices is not None else [rng.low, rng.high]
+    for value in values:
+        why = refusal(script, flags, flag, value)
+        if why is not None:
+            raise UserError(f'{at}: {script} refuses {value!r} ({why}): give a range its runs take')
     return True

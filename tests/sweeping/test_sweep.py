@@ -607,3 +607,25 @@ def test_the_figure_explains_its_colours_and_keeps_to_what_the_metric_can_take(t
     fig.canvas.draw()
     box, whole = fig._suptitle.get_window_extent(), fig.bbox
     assert whole.x0 <= box.x0 and box.x1 <= whole.x1
+
+
+def test_a_cell_whose_pretraining_failed_is_failed_in_the_table(tmp_path):
+    """The table judges a cell by its evaluation stage, which waits forever when its pre-training failed: such a cell
+    is listed with the failures (--retry-failed), as --status lists it, not as "not done yet"."""
+    from sweeping import report
+    sweep_ = read_sweep(mini(tmp_path / 's.yaml'), tmp_path / 'save')
+    now = {(c.name, s.name): 'pending' for c in sweep_.cells for s in c.stages}
+    supcon = [c for c in sweep_.cells if c.method == 'SupCon']
+    first, done = supcon[0], supcon[1]
+    now[(first.name, first.stages[0].name)] = 'failed'                  # its pre-training failed
+    for stage in done.stages:                                            # the other seed has its result
+        folder = fake_run(stage)
+        with open(os.path.join(folder, 'results.json'), 'w') as f:
+            json.dump({'final_test_acc': 90.0}, f)
+        now[(done.name, stage.name)] = 'done'
+    report.write_results(sweep_, sweep_.cells, now)
+    lines = (pathlib.Path(sweep_.folder) / 'table.md').read_text().splitlines()
+    failed = next(line for line in lines if line.startswith('Failed'))
+    assert f'SupCon seed {first.seed}' in failed and '--retry-failed' in failed
+    waiting = next(line for line in lines if line.startswith('Not done yet'))
+    assert f'SupCon seed {first.seed}' not in waiting and 'CE seed' in waiting

@@ -66,6 +66,11 @@ def results_of(trial_folder):
     ({'trails': 3}, ["unknown key 'trails'", 'trials']),
     ({'storage': 'results.db'}, ['tune.storage', 'RDB URL']),
     ({'pruning': {'min_epochs': 0}}, ['tune.pruning']),
+    # a value a script refuses (checked at both ends of every range and at every choice, before anything runs)
+    ({'space': {'learning_rate': {'low': -1.0, 'high': 0.5}}}, ['tune.space.learning_rate', 'refuses -1.0',
+                                                                '--learning_rate must be > 0']),
+    ({'space': {'optimizer': {'choices': ['sgd', 'adamm']}}}, ['tune.space.optimizer', "refuses 'adamm'",
+                                                               'invalid choice']),
 ])
 def test_bad_tune_input_is_one_line_naming_the_file_and_the_entry(tmp_path, change, words):
     path = tuned(tmp_path / 's.yaml', tune={'trials': 3, 'space': SPACE, **change})
@@ -81,7 +86,13 @@ def test_other_bad_tuning_files_are_one_line(tmp_path):
               'grid.weight_decay sets weight_decay, which tune: searches'),
              (tuned(tmp_path / 'b.yaml', tune=None, methods={'SupCon': {'tune': {'temp': {'low': 0.1, 'high': 1}}}}),
               "a method's own search space needs the file's tune: section"),
-             (tuned(tmp_path / 'c.yaml', linear=None, compare=None), 'methods.SupCon is tuned on its evaluation')]
+             (tuned(tmp_path / 'c.yaml', linear=None, compare=None), 'methods.SupCon is tuned on its evaluation'),
+             # a study over an empty space; a method's own flag its runs take only with another flag
+             (tuned(tmp_path / 'd.yaml', methods={'CE': {'script': 'main_ce.py'}}, compare=None,
+                    tune={'trials': 3, 'space': {'temp': SPACE['temp']}}),
+              'methods.CE would tune nothing: main_ce.py takes none of tune.space\'s flags (temp)'),
+             (tuned(tmp_path / 'e.yaml', methods={'CE': {'script': 'main_ce.py', 'tune': {'temp': SPACE['temp']}}},
+                    compare=None), 'methods.CE.tune.temp: main_ce.py does not take --temp')]
     for path, words in cases:
         assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save'), words)
 
@@ -293,3 +304,97 @@ def test_a_raised_budget_chooses_again(tmp_path):
     waiting = sweep_plan.read(str(path), str(tmp_path / 'save'))
     assert waiting.cells[0].waiting
     sweep_plan.prepare(waiting, waiting.cells)     # its values are not known yet: no conflict with the run it holds
+
+
+def tuner_of(path, save, say=None):
+    """The sweep's Tuner, built as ``sweep.py`` builds it (no trial is started)."""
+    from sweeping import plan as sweep_plan
+    from sweeping import tune as tuning
+    sweep_ = sweep_plan.read(str(path), str(save))
+    return tuning.Tuner(sweep_, tuning.studies_of(sweep_), say=say or (lambda text: None)), sweep_
+
+
+def test_a_storage_that_cannot_be_opened_is_one_line_before_any_trial(tmp_path):
+    for url in ('sqlite:////proc/nope/x.db', 'foo://bar/baz'):
+        path = ce_only(tmp_path / 's.yaml', tune={'trials': 2, 'space': {'learning_rate': SPACE['learning_rate']},
+                                                   'storage': url})
+        out = sweep(path, '--save_folder', tmp_path / 'save')
+        assert_one_line_error(out, 's.yaml: tune.storage', url, 'cannot be opened')
+        assert not list((tmp_path / 'save').rglob('trial.json'))
+
+
+def test_a_journal_cut_mid_write_is_trimmed_with_a_note(tmp_path):
+    """A crash mid-write leaves the journal's last record without its newline: the next call drops that record (its
+    write never completed) with a note and continues the study; the trials asked before it are still there."""
+    from sweeping import tune as tuning
+    tuner, sweep_ = tuner_of(ce_only(tmp_path / 's.yaml', trials=3), tmp_path / 'save')
+    (study, opt_study), = tuner.studies
+    first = tuner.ask(study, opt_study)
+    journal = pathlib.Path(sweep_.folder) / 'tune' / tuning.JOURNAL
+    with open(journal, 'ab') as f:
+        f.write(b'{"op_code": 4, "worker_id": "x", "trial_id": 1, "par')      # 40-odd bytes of a record
+    notes = []
+    again, _ = tuner_of(tmp_path / 's.yaml', tmp_path / 'save', say=notes.append)
+    assert [t.number for t in again.studies[0][1].trials] == [first.number]
+    assert len(notes) == 1 and 'cut short' in notes[0] and journal.read_bytes().endswith(b'\n')
+
+
+def test_a_budget_lowered_below_what_ran_is_refused(tmp_path):
+    """trials: 3 lowered to 1 after three trials: the next call is refused in one line (a choice among three would
+    not respect a budget of one), and --status says so instead of "3 of 1 trials"."""
+    from core.flags import UserError
+    from sweeping import tune as tuning
+    tuner, sweep_ = tuner_of(ce_only(tmp_path / 's.yaml', trials=3), tmp_path / 'save')
+    (study, opt_study), = tuner.studies
+    for _ in range(3):
+        tuner.ask(study, opt_study)
+    record = tuner.record(study, opt_study)
+    ce_only(tmp_path / 's.yaml', trials=1)
+    with pytest.raises(UserError, match='tune.trials is 1, but CE already ran 3 trials'):
+        tuner_of(tmp_path / 's.yaml', tmp_path / 'save')
+    assert tuning.progress_line(record, 1).startswith('3 trials, more than the file\'s budget of 1: refused')
+
+
+def test_a_trial_held_as_running_with_nothing_running_is_interrupted(tmp_path):
+    """--status after an interrupt: the study's record still says running, but no process holds the sweep's folder,
+    so the trial is shown as interrupted (the next call continues it), as USAGE's states say."""
+    from sweeping.tune import progress_line
+    from training.run_folder import lock_folder
+    record = {'trials': [{'state': 'complete', 'value': 90.0, 'number': 0}, {'state': 'running', 'number': 1}],
+              'best': {'value': 90.0, 'number': 0}, 'folder': str(tmp_path)}
+    assert progress_line(record, 3, live=False).startswith('2 of 3 trials: 1 complete, 1 interrupted')
+    assert '1 running' in progress_line(record, 3, live=True)
+    path = ce_only(tmp_path / 's.yaml', trials=3)
+    folder = tmp_path / 'save' / 'sweeps' / 'ce'
+    (folder / 'tune' / 'CE').mkdir(parents=True)
+    (folder / 'tune' / 'CE' / 'study.json').write_text(json.dumps(record))
+    status = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--status')
+    assert 'CE: 2 of 3 trials: 1 complete, 1 interrupted' in status.stdout, status.stdout
+    held, _ = lock_folder(str(folder))                  # a process drives the sweep: its trial is running
+    try:
+        status = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--status')
+        assert 'CE: 2 of 3 trials: 1 complete, 1 running' in status.stdout, status.stdout
+    finally:
+        held.close()
+
+
+def test_a_trial_never_runs_in_a_folder_of_other_values(tmp_path):
+    """A journal that lost its last records asks trial 0 again with new values: the folder of the old trial 0 (other
+    values, a checkpoint the run would resume) is moved aside with a note, never resumed under the new values nor
+    deleted; a folder of the same values is the trial's own and stays (it resumes)."""
+    notes = []
+    tuner, _ = tuner_of(ce_only(tmp_path / 's.yaml', trials=3), tmp_path / 'save', say=notes.append)
+    (study, opt_study), = tuner.studies
+    trial = tuner.ask(study, opt_study)
+    folder = pathlib.Path(study.cell(trial.number, dict(trial.params)).folder)
+    folder.mkdir(parents=True)
+    (folder / 'trial.json').write_text(json.dumps({'number': 0, 'params': {'learning_rate': 0.086}}))
+    (folder / 'last.pth').write_text('the old run')
+    tuner.start(study, opt_study, trial, launch=lambda cell: None)
+    aside = folder.parent / f'{folder.name}.other_values_1'
+    assert (aside / 'last.pth').read_text() == 'the old run' and not (folder / 'last.pth').exists()
+    assert json.loads((folder / 'trial.json').read_text())['params'] == dict(trial.params)
+    assert any('other values' in n for n in notes)
+    tuner.running.clear()
+    tuner.start(study, opt_study, trial, launch=lambda cell: None)          # its own values: nothing moves
+    assert not (folder.parent / f'{folder.name}.other_values_2').exists()
