@@ -50,7 +50,7 @@ def main(argv=None):
     last, best = fit(opt, ce, optim, train_loader, select=select)
     last = last or best
     write_results(opt, last, best, select, n_train=len(train_set))
-    report_selection(last, best, select)
+    report_selection(last, best, select, opt.test_every == 'end')
 
 
 if __name__ == '__main__':

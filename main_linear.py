@@ -141,7 +141,7 @@ def main(argv=None):
             with open(os.path.join(opt.run_folder, 'warnings.txt'), 'a') as f:
                 f.write(f'after epoch {opt.epochs}: {warning}\n')
     write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)
-    report_selection(last, best, select)
+    report_selection(last, best, select, opt.test_every == 'end')
 
 
 if __name__ == '__main__':

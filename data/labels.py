@@ -220,7 +220,7 @@ LABEL_NOISE = Feature(
         if label_noise else ''))
 
 
-def _check_held_out(val_split, split_seed, eval_split, dataset, given):
+def _check_held_out(val_split, split_seed, eval_split, dataset, given, test_every, script):
     check(0 <= val_split < 1, f'--val_split must be in [0, 1), got {val_split}')
     check(val_split > 0 or 'split_seed' not in given, '--split_seed draws the held-out part: give --val_split > 0 too')
     check(eval_split == 'test' or val_split > 0,
@@ -229,10 +229,13 @@ def _check_held_out(val_split, split_seed, eval_split, dataset, given):
           f'--val_split holds out labelled images, and --dataset {dataset} has none: hold them out in the stage that '
           f'reads labels')
     check(0 <= split_seed < 2 ** 32, f'--split_seed must be in [0, 2^32), got {split_seed}')
+    if test_every == 'auto' and script != 'supcon':   # with a held-out part to select on: the test split read once
+        return {'test_every': 'end' if val_split > 0 else 'epoch'}
+    return {}
 
 
 HELD_OUT = Feature(
-    'held-out split (docs/USAGE.md, "Held-out data")', check=_check_held_out,
+    'held-out split (docs/USAGE.md, "Held-out data")', check=_check_held_out, resume_may_change=('test_every',),
     flags={'--val_split': dict(type=float, default=0.0,
                                help='hold out this stratified fraction of the training set in every stage: never '
                                     'trained on, measured by the kNN monitor and by the epoch selection (the same '
@@ -242,7 +245,11 @@ HELD_OUT = Feature(
                                      'stages hold out the same images)'),
            '--eval_split': dict(choices=['test', 'val'], default='test',
                                 help='val: every evaluation measures the held-out part instead of the test split, '
-                                     'which is not read at all (tuning); test: the test split too (default)')},
+                                     'which is not read at all (tuning); test: the test split too (default)'),
+           '--test_every': dict(choices=['auto', 'epoch', 'end'], default='auto', scripts=('ce', 'linear'),
+                                help='when the test split is read: end (once, after the last epoch: the epoch is '
+                                     'selected on the held-out part, or is the last), epoch (after every epoch, '
+                                     'SupContrast\'s curve), auto (end with --val_split, epoch without)')},
     run_name=lambda val_split, split_seed, eval_split: (
         (f'_val_{val_split}' + (f'_split_{split_seed}' if split_seed else '') if val_split else '')
         + ('_valonly' if eval_split == 'val' else '')))

@@ -206,7 +206,7 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
         metrics = trainer.train_epoch(loader, optim, epoch)
         metrics['train/lr'] = optimizer.param_groups[0]['lr']
         metrics.update(trainer.evaluate_epoch(epoch))
-        if select is not None and (best is None or metrics[select] > best[select]):
+        if select is not None and select in metrics and (best is None or metrics[select] > best[select]):
             best = {**{k: v for k, v in metrics.items() if not k.startswith('hist/')}, 'epoch': epoch}
         rng = all_gather_object(get_rng_state())     # every process's, for an exact --resume
         warning = watch.check(epoch, metrics)        # the same on every process (metrics are global means)
@@ -284,8 +284,12 @@ def write_results(opt, last, best, select, **extra):
     if not is_main():
         return
     results = {f'final_{k.replace("/", "_")}': v for k, v in last.items() if k.startswith(('test/', 'val/'))}
+    read = 'test/acc' in last
+    once = read and getattr(opt, 'test_every', 'epoch') == 'end'
     results.update(best_epoch=best['epoch'], selected_by=select,
-                   selected_on='held-out' if select.startswith('val/') else 'test', test_split_read='test/acc' in last)
+                   selected_on='held-out' if select.startswith('val/') else 'last epoch' if once else 'test',
+                   test_split_read=read, test_read=('once, after the last epoch' if once else 'every epoch')
+                   if read else 'never')
     for part in ('test', 'val'):
         if f'{part}/acc' in best:
             results[f'best_epoch_{part}_acc'] = best[f'{part}/acc']
@@ -297,14 +301,20 @@ def write_results(opt, last, best, select, **extra):
     return results
 
 
-def report_selection(last, best, select):
-    """The lines a classifier's run ends with: the selected epoch (on the held-out part, ``val``, or the test split),
-    then the final figures of each part it measured, the test split's last."""
+def report_selection(last, best, select, test_once=False):
+    """The lines a classifier's run ends with: the selected epoch (on the held-out part, ``val``, or the test split;
+    ``test_once``: under ``--test_every end`` the test split was read after the last epoch only), then the final
+    figures of each part it measured, the test split's last."""
     part = select.split('/')[0]
-    line = f'best {part} top-1: {best[select]:.2f} (epoch {best["epoch"]})'
-    if part == 'val' and 'test/acc' in best:
-        line += f', test top-1 there: {best["test/acc"]:.2f}'
-    print(line)
+    if test_once and part == 'test':      # nothing was selected: the last epoch, the test split read once
+        print(f'the test split was read once, after the last epoch ({best["epoch"]})')
+    else:
+        line = f'best {part} top-1: {best[select]:.2f} (epoch {best["epoch"]})'
+        if part == 'val' and 'test/acc' in best:
+            line += f', test top-1 there: {best["test/acc"]:.2f}'
+        print(line)
+        if test_once and 'test/acc' in last:
+            print('the test split was read once, after the last epoch (--test_every end)')
     if 'test/acc' not in last:
         print('the test split was not read (--eval_split val)')
     for p in ('val', 'test'):

@@ -18,7 +18,7 @@ from evaluation.knn import few_shot_indices, knn_predict  # noqa: F401  (few_sho
 from losses import cross_entropy
 from networks import EncoderClassifier, LinearClassifier
 from training.distributed import wrap_model
-from training.loop import Optimization, evaluate, train_loop
+from training.loop import Optimization, evaluate, parts_after, train_loop
 from training.runtime import Runtime
 from util import accuracy
 
@@ -114,6 +114,7 @@ class LinearProbe:
         self.runtime = runtime = call_hook(Runtime, opt)
         self.encoder, self.finetune, self.print_freq = encoder, opt.finetune, opt.print_freq
         self.eval_loaders, self.num_classes, self.class_counts = eval_loaders, num_classes, class_counts
+        self.test_every, self.epochs = opt.test_every, opt.epochs
         self.classifier = LinearClassifier(encoder.feature_dim, num_classes=num_classes,
                                            norm=opt.probe_norm == 'bn').to(runtime.device)
         if opt.finetune:        # the encoder trains too, at its own learning rate (--encoder_lr, on the same schedule)
@@ -155,11 +156,13 @@ class LinearProbe:
         return loss.detach(), labels.shape[0], {'acc': accuracy(logits, labels)[0]}
 
     def evaluate_epoch(self, epoch: int) -> dict:
-        """Loss, top-1, ECE, per-class and shot-group accuracy of every split of ``eval_loaders``."""
+        """Loss, top-1, ECE, per-class and shot-group accuracy of every split of ``eval_loaders`` measured after
+        ``epoch`` (``--test_every end``: the test split after the last epoch only)."""
         self.model.eval()
         out = {}
-        for split, loader in self.eval_loaders.items():
-            out.update(evaluate(self.runtime, loader, self.predict, split, self.num_classes, self.class_counts))
+        for split in parts_after(self.eval_loaders, self.test_every, epoch, self.epochs):
+            out.update(evaluate(self.runtime, self.eval_loaders[split], self.predict, split, self.num_classes,
+                                self.class_counts))
         return out
 
 

@@ -263,10 +263,16 @@ def read(path, save_folder=None, check=True):
             stage1_flags.update(flags)       # a method's own value wins over an axis's
             tuned = tune.tuned(folder, method, chosen) if tune is not None else {}
             stage1_flags.update(tuned or {})  # and the tuned values win over both
+            # a tuned sweep's cells read the test split once, after their last epoch (the choice was made on held-out
+            # data): main_ce.py and every evaluation with --test_every end
+            once = {'test_every': 'end'} if tune is not None else {}
+            if script == 'main_ce.py':
+                stage1_flags.update(once)
             for seed in seeds:
                 cell_folder = os.path.join(folder, 'runs', folder_part(method), *axes_folder(chosen), f'seed_{seed}')
-                stages = build_stages(script, {**stage1_flags, 'seed': seed}, {e: evaluations[e] for e in evaluate},
-                                      base, cell_folder, where, method, check)
+                stages = build_stages(script, {**stage1_flags, 'seed': seed},
+                                      {e: {**evaluations[e], **once} for e in evaluate}, base, cell_folder, where,
+                                      method, check)
                 cells.append(Cell(method, chosen, seed, cell_folder, stages, waiting=tune is not None and not tuned))
     compare = read_compare(data.get('compare'), where, entries, axes, evaluations)
     slurm = mapping(data.get('slurm', {}), f'{where} slurm')

@@ -32,7 +32,7 @@ from training.distributed import (
     gather_with_grad,
     wrap_model,
 )
-from training.loop import Optimization, evaluate, train_loop
+from training.loop import Optimization, evaluate, parts_after, train_loop
 from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from training.monitors import collapse_statistics
 from training.runtime import Runtime, compile_modules
@@ -249,6 +249,7 @@ class CETraining:
         self.runtime = runtime = call_hook(Runtime, opt)
         self.num_classes, self.print_freq = num_classes, opt.print_freq
         self.eval_loaders, self.eval_counts = eval_loaders or {}, eval_counts
+        self.test_every, self.epochs = opt.test_every, opt.epochs
         self.chunk_size = opt.chunk_size
         if not opt.supcon_weight:          # one view: a batch (or chunk) of one image cannot train BatchNorm
             per = f'each of the {opt.world_size} processes' if opt.world_size > 1 else 'each step'
@@ -286,14 +287,15 @@ class CETraining:
         return loss, batch[1].shape[0], stats
 
     def evaluate_epoch(self, epoch: int) -> dict:
-        """Loss, top-1, ECE, per-class and shot-group accuracy of every part of ``eval_loaders`` after every epoch
-        (``loop.evaluate``)."""
+        """Loss, top-1, ECE, per-class and shot-group accuracy of every part of ``eval_loaders`` measured after
+        ``epoch`` (``loop.evaluate``; ``--test_every end``: the test split after the last epoch only)."""
         if not self.eval_loaders:
             return {}
         self.model.eval()
         out = {}
-        for part, loader in self.eval_loaders.items():
-            out.update(evaluate(self.runtime, loader, self.model, part, self.num_classes, self.eval_counts))
+        for part in parts_after(self.eval_loaders, self.test_every, epoch, self.epochs):
+            out.update(evaluate(self.runtime, self.eval_loaders[part], self.model, part, self.num_classes,
+                                self.eval_counts))
         return out
 
     def step(self, images, labels: torch.Tensor,

@@ -110,3 +110,31 @@ def test_a_probe_holds_out_what_its_stage_1_held_out_and_the_records_say_where_i
     results = json.loads(open(os.path.join(only_run_folder(tmp_path / 'p'), 'results.json')).read())
     assert results['selected_on'] == 'test' and results['selected_by'] == 'test/acc'
     assert plain.stdout.strip().splitlines()[-1].startswith('final test top-1: ')
+
+
+def test_with_a_held_out_part_the_test_split_is_read_once_after_the_last_epoch(tmp_path):
+    """--test_every: with --val_split (auto: end) the epoch is selected on the held-out part and the test split is
+    read once, after the last epoch, as metrics.csv and results.json show; --test_every epoch gives SupContrast's
+    per-epoch test curve back and says so; --test_every end without a held-out part selects nothing (the last epoch)
+    and reads the test split once."""
+    import csv
+    digits = [*FAST, '--epochs', 3, '--learning_rate', 0.1]
+
+    def run(name, *extra):
+        out = run_script('main_ce.py', *digits, *extra, '--save_folder', tmp_path / name)
+        folder = only_run_folder(tmp_path / name)
+        with open(os.path.join(folder, 'metrics.csv')) as f:
+            rows = list(csv.DictReader(f))
+        tested = [int(r['epoch']) for r in rows if r.get('test/acc')]
+        return out, tested, json.loads(open(os.path.join(folder, 'results.json')).read())
+    out, tested, results = run('once', '--val_split', 0.2)
+    assert tested == [3] and results['test_read'] == 'once, after the last epoch'
+    assert results['selected_on'] == 'held-out' and results['config']['test_every'] == 'end'
+    assert 'the test split was read once, after the last epoch' in out.stdout
+    _, tested, results = run('curve', '--val_split', 0.2, '--test_every', 'epoch')
+    assert tested == [1, 2, 3] and results['test_read'] == 'every epoch'
+    _, tested, results = run('plain')                                   # SupContrast's habit, as before
+    assert tested == [1, 2, 3] and results['selected_on'] == 'test'
+    out, tested, results = run('last', '--test_every', 'end')
+    assert tested == [3] and results['selected_on'] == 'last epoch' and results['best_epoch'] == 3
+    assert 'read once, after the last epoch (3)' in out.stdout

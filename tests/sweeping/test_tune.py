@@ -172,6 +172,11 @@ def test_every_method_gets_the_budget_and_the_cells_run_the_argmax(tuned_sweep):
             config = json.loads(run.read_text())['config']
             if 'pretrain' in str(run):
                 assert all(config[k] == v for k, v in chosen.items()) and config['val_split'] == 0
+        cell_results = list((folder / 'runs' / method).rglob('results.json'))
+        assert cell_results
+        for result in (json.loads(p.read_text()) for p in cell_results):   # the test split read once, at the end
+            if 'test_read' in result:
+                assert result['test_read'] == 'once, after the last epoch' and result['selected_on'] == 'last epoch'
         for metrics in (folder / 'tune' / method).rglob('metrics.csv'):
             header = metrics.read_text().splitlines()[0]
             assert 'test/' not in header and 'knn/acc' not in header.split(',')
