@@ -164,7 +164,7 @@ def test_the_chains_run_side_by_side_after_the_throughput_alone(tmp_path):
     assert start['throughput'] >= end['environment'] - 0.5 and min(firsts) >= end['throughput'] - 0.5
     assert max(firsts) - min(firsts) < 2.5                                    # side by side, not one after another
     assert start['forms'] >= end['loop_syncs'] - 0.5                          # 3 then 5 in one chain
-    assert max(end.values()) - min(firsts) < 12                               # one chain's 6 s, not the sum of 15 s
+    assert max(end.values()) - min(firsts) < 15        # about one chain's 6 s; one after another: 15 s of naps alone
     assert list(sections) == [key for _, key, *_ in gpu_check.SECTIONS]
 
 

@@ -153,13 +153,13 @@ class CalibrationBins:
         return float((self.sums[0] - self.sums[1]).abs().sum() / self.count.clamp(min=1))
 
 
-@torch.no_grad()
 def parts_after(parts, test_every, epoch, epochs):
     """The parts a classifier's run measures after ``epoch`` of ``epochs``: every one of ``parts``, but under
     ``--test_every end`` the test split only after the last epoch (read once: data/labels.py's ``HELD_OUT``)."""
     return [p for p in parts if p != 'test' or test_every == 'epoch' or epoch >= epochs]
 
 
+@torch.no_grad()
 def evaluate(runtime: Runtime, loader, predict, prefix, num_classes, class_counts=None):
     """Over ``loader``: the cross-entropy loss (``<prefix>/nll``), top-1 accuracy, the expected calibration error
     (:class:`CalibrationBins`: 15 equal-width confidence bins, as torchmetrics' ``MulticlassCalibrationError``) of
