@@ -32,6 +32,7 @@ from data import (
     dataset_info,
     evaluated_parts,
     evaluation_loaders,
+    held_out_labels,
     long_tail_class_counts,
     save_label_noise,
 )
@@ -111,7 +112,9 @@ def main(argv=None):
             results[f'final_{probed}_within_superclass_acc'] = superclass_probe()
         if is_main():
             with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
-                json.dump({**results, 'ckpt': os.path.abspath(opt.ckpt), 'config': config_dict(opt)}, f, indent=2)
+                held = {'held_out_labels': held_out_labels(opt.held_out_noise)} if opt.val_split else {}
+                json.dump({**results, **held, 'ckpt': os.path.abspath(opt.ckpt), 'config': config_dict(opt)}, f,
+                          indent=2)
         return
     # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
     train_set = build_dataset(opt, 'train', build_transform(opt, 'train'), opt.eval_labels)

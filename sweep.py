@@ -18,7 +18,6 @@ gets the same budget of Optuna trials on a held-out part of the training set (sw
 "Tuning"), and the cells then run with each study's chosen values and read the test split once.
 """
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -32,6 +31,7 @@ from sweeping import launch as sweep_run
 from sweeping import plan as sweep_plan
 from sweeping.launch import shown
 from sweeping.plan import STAGE1
+from sweeping.show import budget_words, dry_run_tuning, stage_commands, tuning_status
 from training.run_folder import lock_folder
 
 # What runs a sweep (torch, the scripts' parsers, the table's libraries) is imported where a call runs one, not here:
@@ -284,42 +284,24 @@ def local_jobs(jobs):
     return torch.cuda.device_count() or min(os.cpu_count() or 1, 8)
 
 
-def tuning_status(sweep, cells):
-    """One line per study of ``cells``: its trials by state and its best held-out value so far."""
-    from sweeping.tune import progress_line, read_study
-    from sweeping.tune_spec import study_folder
-    from training.run_folder import is_held
-    live = is_held(sweep.folder)            # the tuning process holds the sweep's folder while it drives trials
-    lines, seen = [f'tuning: {sweep.tune.trials} trials per study, {sweep.tune.metric} on a held-out '
-                   f'{sweep.tune.val_split:g} of the training set'], set()
-    for cell in cells:
-        key = (cell.method, tuple(cell.axes.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        folder = study_folder(sweep.folder, cell.method, cell.axes)
-        label = ' '.join([cell.method, *(f'{k}={v}' for k, v in cell.axes.items())])
-        lines.append(f'  {label}: {progress_line({**read_study(folder), "folder": folder}, sweep.tune.trials, live)}')
-    return '\n'.join(lines)
-
-
 def tune(sweep, cells, args):
     """The tuning phase: every study of ``cells`` driven to its budget; 0 when all are finished, else the sweep's
     exit code (a trial crashed: 1, the next call retries it; an interrupt: 130 or 143)."""
+    from sweeping import trials
     from sweeping import tune as tuning
     wanted = {(c.method, tuple(c.axes.items())) for c in cells if c.waiting}
     studies = [s for s in tuning.studies_of(sweep) if (s.method, tuple(s.chosen.items())) in wanted]
-    print(f'tuning: {len(studies)} studies x {sweep.tune.trials} trials ({sweep.tune.metric} on a held-out '
+    print(f'tuning: {len(studies)} studies x {budget_words(sweep.tune)} ({sweep.tune.metric} on a held-out '
           f'{sweep.tune.val_split:g} of the training set); folder {shown(os.path.join(sweep.folder, "tune"))}',
           flush=True)
     tuner = tuning.Tuner(sweep, studies, say=lambda text: print(f'tune: {text}', flush=True))
     if args.launcher == 'local':
         jobs = local_jobs(args.jobs)
-        launch = tuning.local_launch(jobs)
+        launch = trials.local_launch(jobs)
     else:
         settings = slurm_settings(sweep, args)
         jobs = args.jobs or int(settings.get('array_parallelism', 4))
-        launch = tuning.slurm_launch(sweep, settings)
+        launch = trials.slurm_launch(sweep, settings)
     try:
         unfinished = tuner.run(jobs, launch, poll_s=0.5 if args.launcher == 'local' else args.poll_s)
     except sweep_run.Stop as e:
@@ -348,18 +330,19 @@ def main(argv=None):
             print(tuning_status(sweep, cells))
         print(table)
         if args.dry_run:
-            waiting = {(c.method, tuple(c.axes.items())) for c in cells if c.waiting}
-            if waiting:
-                print(f'\nwould tune first: {len(waiting)} studies x {sweep.tune.trials} trials (the trials not run '
-                      'yet, then the seeded cells with the chosen values)')
+            if any(c.waiting for c in cells):
+                print(dry_run_tuning(sweep, cells))
             tasks = to_run(cells, now, args.retry_failed)
             print(f'\nwould run {sum(len(s) for _, s in tasks)} stages' + (' (and the evaluations of the stage-1 runs '
                                                                            'they finish)' if tasks else ''))
             for cell, stages in tasks:
-                for stage in stages:
-                    if stage.reads is not None:
-                        stage.stage1_run = cell.stage(stage.reads).run() or cell.stage(stage.reads).run_folder
-                    print(f'  {cell.name}, {stage.name}: {shlex.join([sys.executable, *stage.command()])}')
+                print(*stage_commands(sweep, cell, stages), sep='\n')
+            after = [c for c in cells if c.waiting]
+            if after:
+                print(f'\nafter tuning, would run {sum(len(c.stages) for c in after)} stages of the seeded cells, '
+                      f'<flag> the value its study chooses (best.json):')
+                for cell in after:
+                    print(*stage_commands(sweep, cell, cell.stages), sep='\n')
         else:
             for name in ('table.md', 'figure.png', 'sweep.json'):
                 if os.path.isfile(os.path.join(sweep.folder, name)):

@@ -93,6 +93,8 @@ def adopt_held_out(opt, given, config):
     """main_linear.py holds out what its stage-1 run held out (``--val_split``, ``--split_seed``), unless told
     otherwise: a stage-1 run that held out images makes them the probe's held-out part by default; another held-out
     part is a one-line error (the encoder trained on some of it); held-out images the encoder trained on get a note."""
+    if config.get('label_noise'):                     # --val_noise same: the held-out labels get this noise
+        opt.stage1_label_noise = [config['label_noise'], config.get('label_noise_kind', 'symmetric')]
     if config.get('dataset') != opt.dataset:          # another dataset's held-out part is not this one's
         return
     held = config.get('val_split') or 0

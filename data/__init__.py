@@ -23,6 +23,7 @@ from .labels import (
     class_counts,
     classes_to_classify,
     evaluated_parts,
+    held_out_labels,
     labelled_fraction,
     long_tail_class_counts,
     long_tail_counts,
@@ -56,7 +57,7 @@ __all__ = ['AUGMENT', 'CIFAR10', 'CIFAR100', 'CIFAR100_COARSE', 'CIFAR100_SUPERC
            'LONG_TAIL', 'MULTICROP', 'NOISE_KINDS', 'STL10', 'CachedImages', 'DatasetInfo', 'Digits',
            'MultiCropTransform', 'Relabeled', 'TwoCropTransform', 'announce_label_fraction', 'build_dataset',
            'build_loader', 'build_transform', 'cached_images', 'class_counts', 'classes_to_classify', 'coarse_labels',
-           'contrastive_views', 'dataset_info', 'evaluated_parts', 'evaluation_loaders', 'in_memory_images',
-           'labelled_fraction', 'last_batch_of_one', 'load_image', 'long_tail_class_counts', 'long_tail_counts',
-           'long_tail_indices', 'mean_std', 'noisy_labels', 'num_classes', 'save_label_noise', 'split_train_val',
-           'to_rgb']
+           'contrastive_views', 'dataset_info', 'evaluated_parts', 'evaluation_loaders', 'held_out_labels',
+           'in_memory_images', 'labelled_fraction', 'last_batch_of_one', 'load_image', 'long_tail_class_counts',
+           'long_tail_counts', 'long_tail_indices', 'mean_std', 'noisy_labels', 'num_classes', 'save_label_noise',
+           'split_train_val', 'to_rgb']

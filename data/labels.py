@@ -62,21 +62,23 @@ def class_counts(dataset):
 
 
 LABEL_NOISE_SEED = 7717       # offset of the label-noise generator from --seed (its own stream)
+HELD_OUT_NOISE_SEED = 15401   # offset of the held-out part's (--val_noise same): a stream of its own again
 
 
 NOISE_KINDS = ('symmetric', 'pairflip')
 
 
-def noisy_labels(targets, n_classes, fraction, seed, kind='symmetric'):
+def noisy_labels(targets, n_classes, fraction, seed, kind='symmetric', offset=LABEL_NOISE_SEED):
     """Label noise: each label is, with probability ``fraction``, replaced by another class: one of the other
     ``n_classes - 1`` uniformly (``symmetric``), or the next class ``(c + 1) mod n_classes`` (``pairflip``, the
     asymmetric noise of Han et al. 2018, "Co-teaching"). About ``fraction`` of the labels change. Deterministic
-    in ``seed``. Returns ``(new labels list, flipped indices list)``."""
+    in ``seed``; ``offset`` names the stream (the training part's, or the held-out part's ``HELD_OUT_NOISE_SEED``:
+    independent draws). Returns ``(new labels list, flipped indices list)``."""
     if kind not in NOISE_KINDS:
         raise ValueError(f'kind must be one of {NOISE_KINDS}, got {kind!r}')
     if n_classes < 2:
         raise UserError(f'--label_noise needs at least 2 classes, the training set has {n_classes}')
-    rng = np.random.RandomState((seed + LABEL_NOISE_SEED) % 2 ** 32)
+    rng = np.random.RandomState((seed + offset) % 2 ** 32)
     targets = np.asarray(targets)
     flip = rng.rand(len(targets)) < fraction
     shift = rng.randint(1, n_classes, len(targets)) if kind == 'symmetric' else np.ones(len(targets), dtype=int)
@@ -201,9 +203,23 @@ LABEL_FRACTION = Feature(
     run_name=lambda label_fraction: f'_labels_{label_fraction}' if label_fraction < 1 else '')
 
 
-def _check_label_noise(label_noise, label_noise_kind, given):
+def _check_label_noise(label_noise, label_noise_kind, given, val_noise, val_split, script, stage1_label_noise):
     check(0 <= label_noise < 1, f'--label_noise must be in [0, 1), got {label_noise}')
     check(label_noise > 0 or 'label_noise_kind' not in given, '--label_noise_kind needs --label_noise > 0')
+    if val_noise == 'clean':
+        return {'held_out_noise': None}
+    check(val_split > 0, '--val_noise same gives the held-out part noisy labels: give --val_split > 0 too')
+    if label_noise > 0:
+        return {'held_out_noise': [label_noise, label_noise_kind]}
+    check(script == 'linear' and stage1_label_noise,
+          '--val_noise same gives the held-out part the training labels\' noise: give --label_noise > 0 too'
+          + (' (or --ckpt of a stage-1 run trained with it)' if script == 'linear' else ''))
+    return {'held_out_noise': list(stage1_label_noise)}
+
+
+def held_out_labels(held_out_noise):
+    """What results.json says of the held-out part's labels: ``clean``, or ``noisy (0.4 symmetric)``."""
+    return f'noisy ({held_out_noise[0]:g} {held_out_noise[1]})' if held_out_noise else 'clean'
 
 
 LABEL_NOISE = Feature(
@@ -214,10 +230,15 @@ LABEL_NOISE = Feature(
                                       'clean'),
            '--label_noise_kind': dict(choices=list(NOISE_KINDS), default='symmetric',
                                       help='symmetric: any other class, uniformly; pairflip: the next class (c + 1 '
-                                           'mod C)')},
-    run_name=lambda label_noise, label_noise_kind: (
-        f'_noise_{"" if label_noise_kind == "symmetric" else label_noise_kind + "_"}{label_noise}'
-        if label_noise else ''))
+                                           'mod C)'),
+           '--val_noise': dict(choices=['clean', 'same'], default='clean',
+                               help='the held-out part\'s labels (--val_split): clean, or the same rate and kind of '
+                                    'noise as the training labels, drawn independently (a user with noisy labels '
+                                    'has no clean held-out set; main_linear.py: its stage-1 run\'s noise unless '
+                                    'given --label_noise); the test split stays clean')},
+    run_name=lambda label_noise, label_noise_kind, val_noise: (
+        (f'_noise_{"" if label_noise_kind == "symmetric" else label_noise_kind + "_"}{label_noise}'
+         if label_noise else '') + ('_valnoise' if val_noise == 'same' else '')))
 
 
 def _check_held_out(val_split, split_seed, eval_split, dataset, given, test_every, script):
@@ -229,7 +250,7 @@ def _check_held_out(val_split, split_seed, eval_split, dataset, given, test_ever
           f'--val_split holds out labelled images, and --dataset {dataset} has none: hold them out in the stage that '
           f'reads labels')
     check(0 <= split_seed < 2 ** 32, f'--split_seed must be in [0, 2^32), got {split_seed}')
-    if test_every == 'auto' and script != 'supcon':   # with a held-out part to select on: the test split read once
+    if test_every == 'auto':        # with a held-out part to select on: the test split read once
         return {'test_every': 'end' if val_split > 0 else 'epoch'}
     return {}
 
@@ -246,10 +267,12 @@ HELD_OUT = Feature(
            '--eval_split': dict(choices=['test', 'val'], default='test',
                                 help='val: every evaluation measures the held-out part instead of the test split, '
                                      'which is not read at all (tuning); test: the test split too (default)'),
-           '--test_every': dict(choices=['auto', 'epoch', 'end'], default='auto', scripts=('ce', 'linear'),
+           '--test_every': dict(choices=['auto', 'epoch', 'end'], default='auto',
                                 help='when the test split is read: end (once, after the last epoch: the epoch is '
-                                     'selected on the held-out part, or is the last), epoch (after every epoch, '
-                                     'SupContrast\'s curve), auto (end with --val_split, epoch without)')},
+                                     'selected on the held-out part, or is the last; main_supcon.py: the kNN '
+                                     'monitor measures the test split at the last epoch only), epoch (after every '
+                                     'epoch, SupContrast\'s curve; the monitor every --knn_every), auto (end with '
+                                     '--val_split, epoch without)')},
     run_name=lambda val_split, split_seed, eval_split: (
         (f'_val_{val_split}' + (f'_split_{split_seed}' if split_seed else '') if val_split else '')
         + ('_valonly' if eval_split == 'val' else '')))

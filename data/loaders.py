@@ -14,7 +14,15 @@ from data.augment import DeviceLoader
 from datasets_indexed import IndexedDataset
 
 from .folders import CachedImages, cached_images
-from .labels import Relabeled, coarse_labels, labelled_fraction, long_tail_indices, noisy_labels, split_train_val
+from .labels import (
+    HELD_OUT_NOISE_SEED,
+    Relabeled,
+    coarse_labels,
+    labelled_fraction,
+    long_tail_indices,
+    noisy_labels,
+    split_train_val,
+)
 from .sources import DATASETS, Digits, dataset_info, mean_std
 from .views import build_transform, randaugment_spec
 
@@ -29,7 +37,8 @@ def build_dataset(opt, part, transform, granularity=None):
     (after the coarse mapping; ``dataset.label_noise`` then describes it, see :func:`save_label_noise`). The held-out
     part is a stratified draw of ``--split_seed`` from the (long-tailed) training split by its fine labels, before
     any other label operation, so every stage and seed holds out the same images; its labels stay clean, as the test
-    split's."""
+    split's, unless ``--val_noise same`` (``opt.held_out_noise``): then they get the training labels' rate and kind
+    of noise, drawn by ``--seed`` from a stream of their own."""
     if part not in PARTS:
         raise ValueError(f'part must be one of {PARTS}, got {part!r}')
     info = dataset_info(opt.dataset)
@@ -57,6 +66,10 @@ def build_dataset(opt, part, transform, granularity=None):
     if indices is None and mapping is None and not noise:
         return base
     dataset = Relabeled(base, indices, mapping, classes)
+    held_out_noise = getattr(opt, 'held_out_noise', None)
+    if part == 'val' and held_out_noise:          # --val_noise same: a draw of its own, by --seed
+        dataset.targets, flipped = noisy_labels(dataset.targets, len(dataset.classes), held_out_noise[0], opt.seed,
+                                                held_out_noise[1], offset=HELD_OUT_NOISE_SEED)
     if labelled and opt.label_fraction < 1:
         dataset.label_fraction = {'fraction': opt.label_fraction, 'n_labelled': len(dataset),
                                   'n_total': len(pool)}

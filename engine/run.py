@@ -11,6 +11,7 @@ import torch
 
 from config.resume import config_dict, resume_conflicts
 from core.flags import UserError
+from data import held_out_labels
 from training.checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from training.distributed import all_gather_object, barrier, init_distributed, is_main, rank, world_size
 from training.loop import Optimization, Trainer
@@ -290,6 +291,8 @@ def write_results(opt, last, best, select, **extra):
                    selected_on='held-out' if select.startswith('val/') else 'last epoch' if once else 'test',
                    test_split_read=read, test_read=('once, after the last epoch' if once else 'every epoch')
                    if read else 'never')
+    if 'val/acc' in last:          # --val_noise: whether the part that selected had clean labels
+        results['held_out_labels'] = held_out_labels(getattr(opt, 'held_out_noise', None))
     for part in ('test', 'val'):
         if f'{part}/acc' in best:
             results[f'best_epoch_{part}_acc'] = best[f'{part}/acc']

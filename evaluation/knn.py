@@ -108,8 +108,11 @@ def knn_monitor(opt):
         label_maps = {name: (torch.as_tensor(mapping, device=opt.device), len(classes)),
                       f'{name}_fine': label_maps[name]}
 
+    # the test split at the last epoch only under --test_every end (a tuned sweep's seeded cells: read it once)
+    every = opt.epochs if part == 'test' and getattr(opt, 'test_every', 'epoch') == 'end' else opt.knn_every
+
     def monitor(encoder, epoch):
-        if epoch % opt.knn_every and epoch != opt.epochs:
+        if epoch % every and epoch != opt.epochs:
             return {}
         encoder.eval()
         bank, bank_y = extract_features(runtime, encoder, memory)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on the bundled digits, on a CPU in about 1.5 minutes (after the one-time install):
+# The main job on the bundled digits, on a CPU in 1.5 to 3 minutes (after the one-time install):
 # SupCon pre-training of resnet_tiny, then linear evaluation of the frozen encoder.
 # The last line printed is the test accuracy.     bash scripts/demo.sh [SEED]
 # PRETRAIN_EPOCHS and LINEAR_EPOCHS (default 30 and 10) shorten it, DEMO_OUT (default save/demo/seed_SEED) moves

@@ -60,3 +60,23 @@ def argv_of(script, flags, where, only_known=()):
         except UserError as e:
             raise SweepError(f'{where}: {str(e).split(": ", 1)[-1]}') from None
     return argv
+
+
+def with_placeholders(script, argv, names):
+    """``argv`` (``script``'s tokens) with the value of each flag of ``names`` (``{flag: placeholder}``) replaced by
+    its placeholder, added where ``argv`` leaves the flag at its default: the command of a run whose values a study
+    has still to choose (``sweep.py --dry-run``)."""
+    actions = {a.dest: a for a in parser_of(script)._actions if a.option_strings and a.dest != 'help'}
+    out = list(argv)
+    for key, placeholder in names.items():
+        action = actions.get(str(key).replace('-', '_'))
+        if action is None:
+            continue
+        at = next((i for i, t in enumerate(out) if t in action.option_strings), None)
+        if at is None:
+            out += [action.option_strings[0], placeholder]
+        elif action.nargs == 0:         # an on/off flag given as present: its place holds the choice
+            out[at] = f'{action.option_strings[0]}={placeholder}'
+        else:
+            out[at + 1] = placeholder
+    return out

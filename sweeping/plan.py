@@ -264,10 +264,9 @@ def read(path, save_folder=None, check=True):
             tuned = tune.tuned(folder, method, chosen) if tune is not None else {}
             stage1_flags.update(tuned or {})  # and the tuned values win over both
             # a tuned sweep's cells read the test split once, after their last epoch (the choice was made on held-out
-            # data): main_ce.py and every evaluation with --test_every end
+            # data): every stage with --test_every end (main_supcon.py's kNN monitor too)
             once = {'test_every': 'end'} if tune is not None else {}
-            if script == 'main_ce.py':
-                stage1_flags.update(once)
+            stage1_flags.update(once)
             for seed in seeds:
                 cell_folder = os.path.join(folder, 'runs', folder_part(method), *axes_folder(chosen), f'seed_{seed}')
                 stages = build_stages(script, {**stage1_flags, 'seed': seed},

@@ -15,25 +15,20 @@ A diverged trial (a non-finite loss) is a result with the lowest score. A finish
 trial's values), which the seeded cells run with. ``study.json`` beside it mirrors every trial for ``--status`` and
 the report, which do not import Optuna.
 """
-import contextlib
-import csv
-import io
 import json
 import os
-import re
 import signal
-import subprocess
 import time
 from typing import NamedTuple
 
 from core.flags import UserError
 from sweeping import launch as sweep_run
 from sweeping.plan import STAGE1, Cell, build_stages
+from sweeping.trials import epoch_values
 from sweeping.tune_spec import BEST, study_folder, study_name
+from sweeping.tune_status import DIVERGED, STUDY, confirmation_state
 
-STUDY = 'study.json'
 JOURNAL = 'optuna.journal'
-DIVERGED = re.compile(r'the loss became|steps in a row had non-finite')     # training/loop.py's two stop lines
 PRUNE_ON = {'main_supcon.py': 'knn/val_acc', 'main_ce.py': 'val/acc'}       # the per-epoch held-out accuracy
 
 
@@ -62,21 +57,30 @@ class Study:
         self.space = spec.space_of(method)
 
     def held_out(self):
+        """The trials' held-out flags; with ``val_noise: same`` the held-out labels get the run's label noise (a run
+        without ``--label_noise``, and its evaluation, keep them clean)."""
         spec = self.spec
-        return {'val_split': spec.val_split, 'split_seed': spec.split_seed, 'eval_split': 'val'}
+        noisy = spec.val_noise == 'same' and bool({**self.sweep.base, **self.flags}.get('label_noise'))
+        return {'val_split': spec.val_split, 'split_seed': spec.split_seed, 'eval_split': 'val',
+                **({'val_noise': 'same'} if noisy else {})}
 
-    def cell(self, number, params):
+    def cell(self, number, params, seed=None):
         """The trial ``number``'s cell: stage 1 with ``params`` (flag -> value) on the held-out split, then the
-        objective's evaluation on it."""
-        stage1 = {**self.flags, **params, 'seed': self.spec.seed, **self.held_out()}
-        if self.script == 'main_supcon.py':
+        objective's evaluation on it. With ``seed``: its confirmation run on that seed (``confirm/trial_<n>_seed_<s>``,
+        no per-epoch monitor: nothing prunes it)."""
+        # --trial: the run folders inside trial_<n>/ are named ..._trial_<n> (one meaning of "trial" in the path)
+        stage1 = {**self.flags, **params, 'seed': self.spec.seed if seed is None else seed, **self.held_out(),
+                  'trial': number}
+        if self.script == 'main_supcon.py' and seed is None:
             stage1['knn_every'] = 1          # the held-out accuracy every epoch: what the pruner reads
-        evaluations = ({self.objective: {**self.sweep.evaluation_flags[self.objective], **self.held_out()}}
+        evaluations = ({self.objective: {**self.sweep.evaluation_flags[self.objective], **self.held_out(),
+                                         'trial': number}}
                        if self.objective else {})
-        folder = os.path.join(self.folder, f'trial_{number}')
+        folder = os.path.join(self.folder, f'trial_{number}' if seed is None else
+                              os.path.join('confirm', f'trial_{number}_seed_{seed}'))
         stages = build_stages(self.script, stage1, evaluations, self.sweep.base, folder, f'{self.sweep.path}:',
                               self.method)
-        return Cell(self.method, {**self.chosen, 'trial': number}, self.spec.seed, folder, stages)
+        return Cell(self.method, {**self.chosen, 'trial': number}, stage1['seed'], folder, stages)
 
     def result(self, cell):
         """The trial's objective from its results.json (the evaluation's, else stage 1's), or ``None``."""
@@ -99,139 +103,6 @@ def studies_of(sweep):
             for _, flags in values:
                 axis_flags.update(flags)
             out.append(Study(sweep, method, chosen, axis_flags))
-    return out
-
-
-# ---------------------------------------------------------------- what --status and the report read
-def read_study(folder):
-    """A study's mirror (``study.json``: its trials, budget, best), ``{}`` before it started."""
-    try:
-        with open(os.path.join(folder, STUDY)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def progress_line(record, budget, live=True):
-    """``'5 of 8 trials: 3 complete, 1 pruned, 1 running; best 97.2 (trial 2)'``. ``live``: whether a process
-    drives the sweep now; without one a trial the record holds as running is ``interrupted`` (the next call
-    continues it from its checkpoint)."""
-    trials = record.get('trials', [])
-    counts = {}
-    for t in trials:
-        name = 'interrupted' if t['state'] == 'running' and not live else t['state']
-        counts[name] = counts.get(name, 0) + 1
-    order = ('complete', 'diverged', 'pruned', 'running', 'interrupted', 'crashed')
-    text = f'{len(trials)} of {budget} trials' + (': ' + ', '.join(f'{counts[s]} {s}' for s in order if s in counts)
-                                                  if trials else '')
-    if len(trials) > budget:        # the file's budget was lowered after these ran: the next call refuses it
-        return (f'{len(trials)} trials, more than the file\'s budget of {budget}: refused (raise tune.trials to '
-                f'{len(trials)} or more)')
-    best = record.get('best')
-    if best:
-        text += f'; best {best["value"]:.4g} (trial {best["number"]})'
-    if os.path.isfile(os.path.join(record.get('folder', ''), BEST)):
-        text += '; chosen'
-    return text
-
-
-# ---------------------------------------------------------------- the launchers of trials
-class LocalTrial:
-    """A trial's stages in order on this machine, one process at a time (``threads`` threads, ``gpu``)."""
-
-    def __init__(self, cell, threads, gpu):
-        self.cell, self.env, self.index, self.proc = cell, sweep_run.stage_env(threads, gpu), 0, None
-        self.start_next()
-
-    def start_next(self):
-        record = sweep_run.read_record(self.cell.folder)
-        stages = self.cell.stages
-        while self.index < len(stages) and sweep_run.state(stages[self.index], record) == 'done':
-            self.index += 1
-        self.proc = None
-        if self.index < len(stages):
-            stage = stages[self.index]
-            if stage.reads is not None:
-                stage.stage1_run = self.cell.stage(stage.reads).run()
-            self.proc, self.log, self.started = sweep_run.start_stage(self.cell, stage, self.env)
-
-    @property
-    def stage(self):
-        return self.cell.stages[min(self.index, len(self.cell.stages) - 1)]
-
-    def poll(self):
-        """``None`` while a stage runs; else how the trial ended: ``done``, ``failed`` or ``interrupted``."""
-        if self.proc is None:
-            return 'done'
-        code = self.proc.poll()
-        if code is None:
-            return None
-        outcome = sweep_run.finish_stage(self.cell, self.stage, code, self.log, self.started)
-        if outcome != 'done':
-            return outcome
-        self.index += 1
-        self.start_next()
-        return 'done' if self.proc is None else None
-
-    def stop(self, why='interrupted'):
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(OSError):
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        sweep_run.finish_stage(self.cell, self.stage, self.proc.returncode, self.log, self.started, interrupted=True)
-        sweep_run.write_record(self.cell.folder, self.stage.name, state=why)
-
-
-class SlurmTrial:
-    """A trial as one SLURM job (the sweep's ``CellJob``: its stages in order, requeued at its time limit)."""
-
-    def __init__(self, cell, executor, threads):
-        self.cell = cell
-        self.job = str(executor.submit(sweep_run.CellJob(cell, threads)).job_id)
-        sweep_run.write_record(cell.folder, '_slurm', job=self.job, submitted=time.time())
-
-    @property
-    def stage(self):
-        record = sweep_run.read_record(self.cell.folder)
-        return next((s for s in self.cell.stages if sweep_run.state(s, record) != 'done'), self.cell.stages[-1])
-
-    def poll(self):
-        if sweep_run.queued({self.job}):
-            return None
-        record = sweep_run.read_record(self.cell.folder)
-        states = [sweep_run.state(s, record) for s in self.cell.stages]
-        if all(s == 'done' for s in states):
-            return 'done'
-        return 'failed' if 'failed' in states else 'interrupted'
-
-    def stop(self, why='interrupted'):
-        subprocess.run(['scancel', self.job], capture_output=True, timeout=60)
-        deadline = time.time() + 120
-        while sweep_run.queued({self.job}) and time.time() < deadline:
-            time.sleep(1)
-        stage = self.stage
-        if stage.name in sweep_run.read_record(self.cell.folder):
-            sweep_run.write_record(self.cell.folder, stage.name, state=why)
-
-
-def epoch_values(run_folder, key):
-    """``{epoch: value}`` of ``key`` in a run's metrics.csv, from whole lines only (the file may be being written)."""
-    try:
-        with open(os.path.join(run_folder, 'metrics.csv'), newline='') as f:
-            text = f.read()
-    except OSError:
-        return {}
-    text = text[:text.rfind('\n') + 1]
-    out = {}
-    for row in csv.DictReader(io.StringIO(text)):
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            if row.get(key):
-                out[int(row['epoch'])] = float(row[key])
     return out
 
 
@@ -295,12 +166,16 @@ class Tuner:
                             f'{(str(e).strip().splitlines() or [""])[0][:160]}): give a storage this machine can '
                             f'open (sqlite:///path/to/file.db), or move a damaged journal away') from None
         for study, opt_study in self.studies:     # a budget lowered below what ran: its choice could not respect it
-            if len(opt_study.trials) > spec.trials:
-                raise UserError(f'{sweep.path}: tune.trials is {spec.trials}, but {study.label} already ran '
-                                f'{len(opt_study.trials)} trials: a choice among them would not respect the budget; '
-                                f'raise tune.trials to {len(opt_study.trials)} or more, or tune in a new save_folder')
+            if len(opt_study.trials) > spec.search_trials:
+                raise UserError(f'{sweep.path}: tune.trials is {spec.trials}'
+                                + (f' ({spec.search_trials} searched, {spec.confirm_runs} confirming)'
+                                   if spec.confirm else '')
+                                + f', but {study.label} already ran {len(opt_study.trials)} trials: a choice among '
+                                f'them would not respect the budget; raise tune.trials to '
+                                f'{len(opt_study.trials) + spec.confirm_runs} or more, or tune in a new save_folder')
         self.running = {}           # (study name, trial number) -> Running
         self.crashed = set()
+        self.confirming = {}        # (study name, trial number, seed) -> (study, its launcher, its cell)
 
     def ask(self, study, opt_study):
         """A new trial of ``opt_study``: TPE seeded by the file's seed and the trial's number."""
@@ -317,11 +192,104 @@ class Tuner:
                 key = (study.name, frozen.number)
                 if key not in self.running and key not in self.crashed:
                     return study, opt_study, self.optuna.trial.Trial(opt_study, frozen._trial_id)
-        open_ = [(len(o.trials), i) for i, (s, o) in enumerate(self.studies) if len(o.trials) < self.spec.trials]
+        open_ = [(len(o.trials), i) for i, (s, o) in enumerate(self.studies)
+                 if len(o.trials) < self.spec.search_trials]
         if not open_:
             return None
         study, opt_study = self.studies[min(open_)[1]]
         return study, opt_study, self.ask(study, opt_study)
+
+    def candidates(self, study, opt_study):
+        """``[(trial number, params, value)]``: the ``confirm.top`` best complete trials of a study whose search has
+        finished (ties: the earlier), which its confirmation runs re-run; ``[]`` before, or without ``confirm:``."""
+        spec, state = self.spec, self.optuna.trial.TrialState
+        trials = opt_study.get_trials(deepcopy=False)
+        if not spec.confirm or len(trials) < spec.search_trials or any(
+                t.state == state.RUNNING or (study.name, t.number) in self.crashed for t in trials):
+            return []
+        complete = [t for t in trials if t.state == state.COMPLETE and 'diverged' not in t.user_attrs]
+        sign = -1 if spec.direction == 'maximize' else 1
+        ranked = sorted(complete, key=lambda t: (sign * t.value, t.number))[:spec.confirm['top']]
+        return [(t.number, dict(t.params), t.value) for t in ranked]
+
+    def confirmations(self, study, opt_study):
+        """``[(trial number, seed, cell)]``: the study's confirmation runs (each candidate on each seed)."""
+        return [(number, seed, study.cell(number, params, seed))
+                for number, params, _ in self.candidates(study, opt_study) for seed in self.spec.confirm['seeds']]
+
+    def next_confirmation(self):
+        """``(study, number, seed, cell)`` of a confirmation run to start (not finished, not running, not crashed in
+        this call), or ``None``."""
+        for study, opt_study in self.studies:
+            for number, seed, cell in self.confirmations(study, opt_study):
+                key = (study.name, number, seed)
+                if key in self.confirming or key in self.crashed:
+                    continue
+                if confirmation_state(cell)[0] in ('pending', 'failed'):
+                    return study, number, seed, cell
+        return None
+
+    def start_confirmation(self, study, number, seed, cell, launch):
+        os.makedirs(cell.folder, exist_ok=True)
+        self.confirming[(study.name, number, seed)] = (study, launch(cell), cell)
+        self.say(f'confirming: trial {number} of {study.label} with seed {seed}')
+
+    def watch_confirmation(self, key):
+        """Whether a confirmation run is still running; its end is said and recorded."""
+        study, launcher, cell = self.confirming[key]
+        outcome = launcher.poll()
+        if outcome is None:
+            return True
+        state, _ = confirmation_state(cell)
+        if state == 'complete':
+            value = study.result(cell)
+            self.say(f'confirmed: trial {key[1]} of {study.label} with seed {key[2]}: {self.spec.metric} '
+                     + (f'{value:.4g}' if value is not None else 'not written'))
+        elif state == 'diverged':
+            self.say(f'diverged: the confirmation of trial {key[1]} of {study.label} with seed {key[2]} (counted '
+                     'with the lowest score)')
+        else:
+            self.crashed.add(key)
+            self.say(f'{outcome}: the confirmation of trial {key[1]} of {study.label} with seed {key[2]}; the next '
+                     'call continues it')
+        del self.confirming[key]
+        self.record(study, dict(self.studies)[study])
+        return False
+
+    def confirmed_best(self, study, opt_study):
+        """``(confirmation records, the chosen candidate or None)``: each confirmation run's state and value, and
+        once every one has ended the candidate with the best mean over its seeds (the trial's own and the
+        confirmation's; a diverged run counts with the lowest score) as ``best`` record fields."""
+        runs, means = [], []
+        larger = self.spec.direction == 'maximize'
+        for number, params, value in self.candidates(study, opt_study):
+            values = [value]
+            for seed in self.spec.confirm['seeds']:
+                cell = study.cell(number, params, seed)
+                state, _ = confirmation_state(cell)
+                if (study.name, number, seed) in self.confirming:
+                    state = 'running'
+                got = study.result(cell) if state == 'complete' else None
+                if state == 'complete' and got is None:
+                    state = 'failed'
+                if state == 'diverged':
+                    got = 0.0 if larger else None
+                runs.append({'trial': number, 'seed': seed, 'state': state, 'value': got, 'folder': cell.folder})
+                values.append(got)
+            means.append((number, params, values))
+        if not runs or any(r['state'] not in ('complete', 'diverged') for r in runs):
+            return runs, None
+
+        def score(entry):
+            values = entry[2]
+            if any(v is None for v in values):             # a diverged run of a minimized objective: the worst
+                return (1, 0.0, entry[0])
+            mean = sum(values) / len(values)
+            return (0, -mean if larger else mean, entry[0])
+        number, params, values = min(means, key=score)
+        mean = None if any(v is None for v in values) else sum(values) / len(values)
+        return runs, {'number': number, 'value': mean, 'params': params,
+                      'confirmed': {'seeds': [self.spec.seed, *self.spec.confirm['seeds']], 'values': values}}
 
     def start(self, study, opt_study, trial, launch):
         cell = study.cell(trial.number, dict(trial.params))
@@ -366,8 +334,10 @@ class Tuner:
                 if epoch not in reported:
                     trial.report(value, epoch)
                     reported.add(epoch)
-            # asked after every report, also of a run that has ended: the pruner records the rungs a trial reached
-            prune = bool(reported) and trial.should_prune()
+            # asked after every report, also of a run that has ended: the pruner records the rungs a trial reached;
+            # obeyed once the study has min_complete finished trials (a floor: every method keeps several)
+            prune = bool(reported) and trial.should_prune() and self.complete(opt_study) >= \
+                self.spec.pruning.get('min_complete', 0)
             if prune and outcome is None and launcher.stage.name == STAGE1:
                 launcher.stop('pruned')
                 opt_study.tell(trial, state=state.PRUNED)
@@ -398,6 +368,11 @@ class Tuner:
         self.record(study, opt_study)
         return False
 
+    def complete(self, opt_study):
+        """The study's finished trials (complete, diverged included)."""
+        done = self.optuna.trial.TrialState.COMPLETE
+        return sum(1 for t in opt_study.get_trials(deepcopy=False) if t.state == done)
+
     def record(self, study, opt_study):
         """``study.json``: every trial (number, state, value, values, epochs reported) and the best so far; with the
         budget spent and every trial finished, ``best.json`` (the flags the seeded cells take)."""
@@ -419,24 +394,32 @@ class Tuner:
         if complete:
             pick = max if self.spec.direction == 'maximize' else min
             best = pick(complete, key=lambda t: (t['value'] if pick is max else -t['value'], -t['number']))
+            best = {'number': best['number'], 'value': best['value'], 'params': best['params']}
+        runs, confirmed = self.confirmed_best(study, opt_study) if self.spec.confirm else ([], None)
         record = {'study': study.name, 'method': study.method, 'axes': study.chosen, 'budget': self.spec.trials,
+                  'searched': self.spec.search_trials, 'confirm': self.spec.confirm,
                   'metric': self.spec.metric, 'direction': self.spec.direction, 'folder': study.folder,
                   'space': {f: vars(r) for f, r in study.space.items()}, 'trials': trials,
-                  'best': best and {'number': best['number'], 'value': best['value'], 'params': best['params']}}
+                  'confirmations': runs, 'best': confirmed or best}
         os.makedirs(study.folder, exist_ok=True)
         tmp = os.path.join(study.folder, f'.{STUDY}.tmp')
         with open(tmp, 'w') as f:
             json.dump(record, f, indent=2)
         os.replace(tmp, os.path.join(study.folder, STUDY))
-        finished = len(trials) >= self.spec.trials and all(t['state'] != 'running' and t['state'] != 'crashed'
-                                                           for t in trials)
+        finished = len(trials) >= self.spec.search_trials and all(t['state'] != 'running' and t['state'] != 'crashed'
+                                                                  for t in trials)
+        if self.spec.confirm:              # then the confirmation runs, and the choice by their means
+            finished, best = finished and confirmed is not None, confirmed
         if finished and best is not None and self.spec.tuned(self.sweep.folder, study.method, study.chosen) is None:
             with open(os.path.join(study.folder, BEST), 'w') as f:
                 json.dump({'flags': best['params'], 'trial': best['number'], 'value': best['value'],
-                           'metric': self.spec.metric, 'budget': self.spec.trials}, f, indent=2)
-            self.say(f'chosen for {study.label}: trial {best["number"]} ({self.spec.metric} {best["value"]:.4g}): '
-                     + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}'
-                                 for k, v in best['params'].items()))
+                           'metric': self.spec.metric, 'budget': self.spec.trials, 'confirm': self.spec.confirm,
+                           **({'confirmed': best['confirmed']} if 'confirmed' in best else {})}, f, indent=2)
+            value = 'none' if best['value'] is None else f'{best["value"]:.4g}'
+            self.say(f'chosen for {study.label}: trial {best["number"]} ({self.spec.metric} {value}'
+                     + (f', the mean of {len(best["confirmed"]["values"])} seeds' if 'confirmed' in best else '')
+                     + '): ' + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}'
+                                         for k, v in best['params'].items()))
         return record
 
     def run(self, jobs, launch, poll_s=0.5):
@@ -450,43 +433,32 @@ class Tuner:
             for study, opt_study in self.studies:
                 self.record(study, opt_study)
             while True:
-                while len(self.running) < jobs:
+                while len(self.running) + len(self.confirming) < jobs:
                     nxt = self.to_start()
+                    if nxt is not None:
+                        self.start(*nxt, launch)
+                        continue
+                    nxt = self.next_confirmation()
                     if nxt is None:
                         break
-                    self.start(*nxt, launch)
-                if not self.running:
+                    self.start_confirmation(*nxt, launch)
+                if not self.running and not self.confirming:
                     break
                 time.sleep(poll_s)
                 for key in list(self.running):
                     if not self.watch(key):
                         del self.running[key]
+                for key in list(self.confirming):
+                    self.watch_confirmation(key)          # an ended run leaves self.confirming
         except sweep_run.Stop as e:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for entry in self.running.values():
                 entry.launcher.stop()
+            for _, launcher, _ in self.confirming.values():
+                launcher.stop()
             raise sweep_run.Stop(e.signum) from None
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         return [s for s, o in self.studies if self.spec.tuned(self.sweep.folder, s.method, s.chosen) is None]
-
-
-def local_launch(jobs):
-    """``launch(cell)`` of trials on this machine: ``cores / jobs`` threads each, one GPU each where there are
-    several."""
-    gpus = sweep_run.visible_gpus()
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    counter = iter(range(10 ** 9))
-
-    def launch(cell):
-        gpu = gpus[next(counter) % len(gpus)] if gpus else None
-        return LocalTrial(cell, threads, gpu)
-    return launch
-
-
-def slurm_launch(sweep, settings):
-    ex = sweep_run.executor(os.path.join(sweep.folder, 'tune'), {**settings, 'job_name': f'tune_{sweep.name}'})
-    threads = int(settings.get('cpus_per_task', 1))
-    return lambda cell: SlurmTrial(cell, ex, threads)

@@ -3,10 +3,12 @@ trials by state and its best held-out result; ``tuning.png``, the expected best 
 trials, per study (Dodge et al. 2019, "Show Your Work": a budget is enough where the curves have flattened); each
 study's Optuna parallel-coordinate and parameter-importance plots (``parallel_coordinate.png``, ``importance.png``
 in its folder); and every trial for ``sweep.json``. Written from the studies' ``study.json`` files."""
+import math
 import os
 
 from sweeping.launch import shown
-from sweeping.tune import read_study, studies_of
+from sweeping.tune import studies_of
+from sweeping.tune_status import read_study
 
 
 def expected_best(values, n, larger_is_better=True):
@@ -15,6 +17,41 @@ def expected_best(values, n, larger_is_better=True):
     ordered = sorted(values, reverse=not larger_is_better)
     total = len(ordered)
     return sum(v * ((i / total) ** n - ((i - 1) / total) ** n) for i, v in enumerate(ordered, start=1))
+
+
+def flatness(trials, margin, larger_is_better=True):
+    """Whether a study's budget was enough, from its trials in the order they ran (``number``): ``(flat, early,
+    best)`` with ``early`` the best objective among the first three quarters (rounded up) of the trials and ``best``
+    the best of all; flat when ``best`` improves on ``early`` by at most ``margin``. A study whose best trial came late
+    and by more than ``margin`` is not flat: more trials might have found better. ``None`` without a measured trial
+    (pruned trials were never measured; diverged ones count with their lowest score)."""
+    ordered = sorted(trials, key=lambda t: t['number'])
+    pick = max if larger_is_better else min
+
+    def best_of(part):
+        values = [t['value'] for t in part if t['state'] in ('complete', 'diverged') and t['value'] is not None]
+        return pick(values) if values else None
+    best = best_of(ordered)
+    if best is None:
+        return None
+    early = best_of(ordered[:math.ceil(0.75 * len(ordered))])
+    if early is None:
+        return False, None, best
+    gain = best - early if larger_is_better else early - best
+    return gain <= margin, early, best
+
+
+def flat_cell(record, spec):
+    """``table.md``'s word on a study's budget: ``yes (97.2 → 97.4)`` or ``**no** (...)``; ``—`` before its
+    search has finished."""
+    trials = record.get('trials', [])
+    if len(trials) < spec.search_trials or any(t['state'] in ('running', 'crashed') for t in trials):
+        return '—'
+    found = flatness(trials, spec.flat_margin, spec.direction == 'maximize')
+    if found is None:
+        return '**no** (no trial measured)'
+    flat, early, best = found
+    return f'{"yes" if flat else "**no**"} ({fmt(early) if early is not None else "none"} → {fmt(best)})'
 
 
 def records(sweep):
@@ -35,10 +72,18 @@ def lines_of(sweep, studies):
            + (f'; successive halving on the per-epoch held-out accuracy, from epoch {spec.pruning["min_epochs"]}, '
               f'reduction {spec.pruning["reduction"]}' if spec.pruning else '; no pruning')
            + f'). Objective: `{spec.metric}` on a held-out {spec.val_split:g} of the training set (split seed '
-           f'{spec.split_seed}), which the trials never train on; no trial reads the test split. The seeded cells '
-           'below ran with the chosen values on the whole training set and read the test split once.', '',
-           '| study | chosen values | trials (complete / pruned / diverged / running) | best held-out | trial |',
-           '| --- | --- | --- | --- | --- |']
+           f'{spec.split_seed}; its labels '
+           + ('with the training labels\' noise, `val_noise: same`' if spec.val_noise == 'same' else 'clean')
+           + '), which the trials never train on; no trial reads the test split. '
+           + (f'Of the budget, {spec.confirm_runs} runs confirmed: the best {spec.confirm["top"]} trials re-run with '
+              f'seeds {", ".join(map(str, spec.confirm["seeds"]))}, the values chosen by the mean over '
+              f'{len(spec.confirm["seeds"]) + 1} seeds. ' if spec.confirm else '')
+           + 'The seeded cells below ran with the chosen values on the whole training set and read the test split '
+           f'once. Flat: the best of the first three quarters of the trials is within {spec.flat_margin:g} of the '
+           'best of all (the budget was enough); **no** marks a study whose budget may not have been.', '',
+           '| study | chosen values | trials (complete / pruned / diverged / running) | best held-out | trial | '
+           'flat (best at ¾ → best) |',
+           '| --- | --- | --- | --- | --- | --- |']
     for record in studies:
         trials = record.get('trials', [])
         counts = {s: sum(1 for t in trials if t['state'] == s) for s in ('complete', 'pruned', 'diverged')}
@@ -46,10 +91,13 @@ def lines_of(sweep, studies):
         best = record.get('best')
         chosen = os.path.isfile(os.path.join(record['folder'], 'best.json'))
         values = ', '.join(f'{k} {fmt(v)}' for k, v in best['params'].items()) if best else '—'
+        value = fmt(best['value']) if best else '—'
+        if best and best.get('confirmed'):          # the mean over the confirmation's seeds
+            value = f'{value} (mean of {len(best["confirmed"]["values"])} seeds)'
         out.append(f'| {record["label"]} | {values if chosen else f"(not chosen yet) {values}"} | '
-                   f'{len(trials)} of {spec.trials}: {counts["complete"]} / {counts["pruned"]} / '
-                   f'{counts["diverged"]} / {running} | {fmt(best["value"]) if best else "—"} | '
-                   f'{best["number"] if best else "—"} |')
+                   f'{len(trials)} of {spec.search_trials}: {counts["complete"]} / {counts["pruned"]} / '
+                   f'{counts["diverged"]} / {running} | {value} | '
+                   f'{best["number"] if best else "—"} | {flat_cell(record, spec)} |')
     out += ['', 'Pruned trials are left out of the budget curves (their objective was never measured); diverged ones '
             'count with the lowest score. `tuning.png`: the expected best held-out result against the number of '
             'trials. Each study\'s folder holds `parallel_coordinate.png` and `importance.png`.', '']
@@ -87,6 +135,34 @@ def budget_figure(sweep, studies, path):
     return True
 
 
+def readable_parallel_coordinate(ax):
+    """Optuna's parallel-coordinate plot (``ax``, its figure laid out) made readable: the lines' colour map starts at
+    a mid blue (Optuna's ``Blues`` starts at white, so the worst trial's line vanished), and the colour bar moves right
+    of the last parameter axis's tick labels, which it covered; the parameter axes narrow to make room."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    figure = ax.figure
+    for lines in ax.collections:
+        lines.set_cmap(ListedColormap(lines.get_cmap()(np.linspace(0.3, 1.0, 256))))
+    bars = [a for a in figure.axes if a.get_label() == '<colorbar>']
+    if not bars:
+        return
+    bar, plots = bars[0], [a for a in figure.axes if a is not bars[0]]
+    renderer = figure.canvas.get_renderer()
+    to_figure = figure.transFigure.inverted()
+
+    def right_of_ticks():
+        return max(a.get_tightbbox(renderer).transformed(to_figure).x1 for a in plots)
+    room = bar.get_tightbbox(renderer).transformed(to_figure).width + 0.02   # the bar, its ticks and its label
+    over = right_of_ticks() + room - 0.99
+    if over > 0:                                  # narrow the plot (all parameter axes share its position)
+        pos = plots[0].get_position()
+        for a in plots:
+            a.set_position([pos.x0, pos.y0, pos.width - over, pos.height])
+    pos, start = bar.get_position(), right_of_ticks() + 0.02
+    bar.set_position([start, pos.y0, pos.width, pos.height])
+
+
 def optuna_plots(sweep, studies):
     """Each study's parallel-coordinate and parameter-importance plots (Optuna's, through matplotlib) as PNGs in its
     folder; returns ``{label: why not drawn}`` for those it could not draw (too few complete trials, one parameter
@@ -119,6 +195,8 @@ def optuna_plots(sweep, studies):
                 figure.set_size_inches(8, 4.4)
                 figure.suptitle(f'{sweep.name}: {record["label"]} ({len(complete)} complete trials)', fontsize=9)
                 figure.tight_layout()
+                if name == 'parallel_coordinate.png':
+                    readable_parallel_coordinate(ax)
                 figure.savefig(os.path.join(record['folder'], name), dpi=110)
                 plt.close(figure)
             except (ValueError, RuntimeError, ZeroDivisionError) as e:

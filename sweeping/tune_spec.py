@@ -17,13 +17,20 @@ from sweeping.entries import SCRIPTS, SweepError, argv_of, axes_folder, folder_p
 KEYS = {'trials': 'the budget: trials of every method per combination of the grid\'s values (>= 1)',
         'space': 'flag -> {low, high, log} or {choices: [...]}: what every method tunes (the flags its script has)',
         'val_split': 'the held-out fraction of the training set the trials select on (default 0.2)',
+        'val_noise': 'the held-out labels the trials select on: clean (default), or same: the training labels\' '
+                     'noise (--val_noise same; a method without --label_noise keeps them clean)',
         'split_seed': 'the seed of the held-out draw (default 0)',
         'seed': 'the sampler\'s seed and the trials\' --seed (default 0)',
         'metric': 'the objective, from the trial\'s evaluation: final_val_acc (default), best_val_acc, final_val_nll '
                   'or final_val_ece',
         'evaluation': 'the evaluation whose held-out result is the objective (default: the first; a method without '
                       'it: its stage 1\'s own)',
-        'pruning': 'successive halving on the per-epoch held-out accuracy: {min_epochs: 1, reduction: 3}, or false',
+        'pruning': 'successive halving on the per-epoch held-out accuracy: {min_epochs: 1, reduction: 3, '
+                   'min_complete: 0} (no trial pruned before min_complete trials have finished), or false',
+        'confirm': 're-run the best trials on more seeds and choose by the mean: {top: 2, seeds: 2} (or a list of '
+                   'seeds); these runs count in the budget (trials - top x seeds are searched)',
+        'flat_margin': 'a study\'s budget was enough ("flat") when the best of its first three quarters of trials is '
+                       'within this of its best (the objective\'s units; default 0.5)',
         'startup_trials': 'trials drawn at random before TPE models the results (default: a third of the budget, '
                           'at least 2)',
         'storage': 'an Optuna RDB URL (sqlite:///..., postgresql://...) instead of the journal file in the sweep '
@@ -62,13 +69,26 @@ class TuneSpec:
     seed: int = 0
     metric: str = 'final_val_acc'
     evaluation: Optional[str] = None
-    pruning: Optional[dict] = field(default_factory=lambda: {'min_epochs': 1, 'reduction': 3})
+    pruning: Optional[dict] = field(default_factory=lambda: {'min_epochs': 1, 'reduction': 3, 'min_complete': 0})
     startup_trials: int = 2
     storage: Optional[str] = None
+    confirm: Optional[dict] = None    # {'top': k, 'seeds': [...]}: the best k trials re-run on these seeds
+    val_noise: str = 'clean'
+    flat_margin: float = 0.5
 
     @property
     def direction(self):
         return METRICS[self.metric]
+
+    @property
+    def confirm_runs(self):
+        """Runs of the budget that confirm (re-run the best trials on more seeds) rather than search."""
+        return self.confirm['top'] * len(self.confirm['seeds']) if self.confirm else 0
+
+    @property
+    def search_trials(self):
+        """The trials Optuna asks: the budget less the confirmation runs."""
+        return self.trials - self.confirm_runs
 
     def space_of(self, method):
         """``{flag: Range}`` that ``method`` tunes: the shared flags its runs take, and its own."""
@@ -80,7 +100,8 @@ class TuneSpec:
         try:
             with open(os.path.join(study_folder(sweep_folder, method, chosen), BEST)) as f:
                 best = json.load(f)
-            return best['flags'] if best.get('budget') == self.trials else None     # a larger budget: not yet
+            same = best.get('budget') == self.trials and best.get('confirm') == self.confirm
+            return best['flags'] if same else None     # a larger budget or another confirmation: not yet
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -219,18 +240,31 @@ def read_spec(data, method_space, where, entries, axes, evaluations, base, check
                 raise UserError(f'{at}: methods.{method} is tuned on its evaluation\'s held-out result, and it has '
                                 f'{"no evaluation" if evaluation is None else f"no evaluation {evaluation}"}: add '
                                 'linear: to the file (pre-training alone measures nothing to select on)')
-        pruning = data.get('pruning', {'min_epochs': 1, 'reduction': 3})
+        pruning = data.get('pruning', {})
         if pruning is True:
-            pruning = {'min_epochs': 1, 'reduction': 3}
+            pruning = {}
         if pruning is not False and pruning is not None:
-            if not isinstance(pruning, dict) or set(pruning) - {'min_epochs', 'reduction'}:
-                raise UserError(f'{at}.pruning: give {{min_epochs: 1, reduction: 3}} or false, got {pruning!r}')
-            pruning = {'min_epochs': pruning.get('min_epochs', 1), 'reduction': pruning.get('reduction', 3)}
+            if not isinstance(pruning, dict) or set(pruning) - {'min_epochs', 'reduction', 'min_complete'}:
+                raise UserError(f'{at}.pruning: give {{min_epochs: 1, reduction: 3, min_complete: 0}} or false, got '
+                                f'{pruning!r}')
+            pruning = {'min_epochs': pruning.get('min_epochs', 1), 'reduction': pruning.get('reduction', 3),
+                       'min_complete': pruning.get('min_complete', 0)}
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in pruning.values()) or \
-                    pruning['min_epochs'] < 1 or pruning['reduction'] < 2:
-                raise UserError(f'{at}.pruning: min_epochs >= 1 and reduction >= 2 (whole numbers), got {pruning}')
+                    pruning['min_epochs'] < 1 or pruning['reduction'] < 2 or pruning['min_complete'] < 0:
+                raise UserError(f'{at}.pruning: min_epochs >= 1, reduction >= 2 and min_complete >= 0 (whole '
+                                f'numbers), got {pruning}')
         else:
             pruning = None
+        confirm = read_confirm(data.get('confirm'), at, trials, ints['seed'])
+        val_noise = data.get('val_noise', 'clean')
+        if val_noise not in ('clean', 'same'):
+            raise UserError(f'{at}.val_noise: clean or same (the held-out labels with the training labels\' noise), '
+                            f'got {val_noise!r}')
+        flat_margin = data.get('flat_margin', 0.5)
+        if not isinstance(flat_margin, (int, float)) or isinstance(flat_margin, bool) or \
+                not math.isfinite(flat_margin) or flat_margin < 0:
+            raise UserError(f'{at}.flat_margin must be a number >= 0 (in the objective\'s units), got '
+                            f'{flat_margin!r}')
         storage = data.get('storage')
         if storage is not None and (not isinstance(storage, str) or '://' not in storage):
             raise UserError(f'{at}.storage: an RDB URL (sqlite:///path.db, postgresql://user@host/db), got '
@@ -240,7 +274,8 @@ def read_spec(data, method_space, where, entries, axes, evaluations, base, check
     except UserError as e:
         raise SweepError(str(e)) from None
     spec = TuneSpec(trials, space, own, val_split=float(val_split), metric=metric, evaluation=evaluation,
-                    pruning=pruning, storage=storage, **ints)
+                    pruning=pruning, storage=storage, confirm=confirm, flat_margin=float(flat_margin),
+                    val_noise=val_noise, **ints)
     if check:
         try:
             spec.applies = {}
@@ -259,6 +294,36 @@ def read_spec(data, method_space, where, entries, axes, evaluations, base, check
         except UserError as e:
             raise SweepError(str(e)) from None
     return spec
+
+
+def read_confirm(confirm, at, trials, seed):
+    """``{'top': k, 'seeds': [...]}`` of ``confirm:`` (``seeds: n`` is the n seeds after the file's ``seed``), or
+    ``None``; one line for what cannot be: a seed the trials already ran, more confirmation runs than the budget leaves
+    room for."""
+    if confirm is None or confirm is False:
+        return None
+    where = f'{at}.confirm'
+    if not isinstance(confirm, dict) or set(confirm) - {'top', 'seeds'} or 'top' not in confirm \
+            or 'seeds' not in confirm:
+        raise UserError(f'{where}: give {{top: K, seeds: N}} (or seeds: [1, 2]), got {confirm!r}')
+    top, seeds = confirm['top'], confirm['seeds']
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise UserError(f'{where}.top: the number of best trials to re-run, a whole number >= 1, got {top!r}')
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise UserError(f'{where}.seeds: a number of seeds >= 1 or a list of seeds, got {seeds!r}')
+        seeds = [seed + 1 + i for i in range(seeds)]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                            for v in seeds) or len(set(seeds)) != len(seeds):
+        raise UserError(f'{where}.seeds: distinct whole numbers >= 0 (or their count), got {confirm["seeds"]!r}')
+    if seed in seeds:
+        raise UserError(f'{where}.seeds: {seed} is the seed every trial ran with (tune.seed): confirm on others')
+    runs = top * len(seeds)
+    if trials - runs < top:
+        raise UserError(f'{where}: {top} trials x {len(seeds)} seeds = {runs} confirmation runs leave {trials - runs} '
+                        f'of the {trials} trials to search, fewer than the {top} to confirm: raise tune.trials to '
+                        f'{runs + top} or more, or confirm fewer')
+    return {'top': top, 'seeds': seeds}
 
 
 def refusal(script, flags, flag, value):

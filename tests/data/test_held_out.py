@@ -138,3 +138,60 @@ def test_with_a_held_out_part_the_test_split_is_read_once_after_the_last_epoch(t
     out, tested, results = run('last', '--test_every', 'end')
     assert tested == [3] and results['selected_on'] == 'last epoch' and results['best_epoch'] == 3
     assert 'read once, after the last epoch (3)' in out.stdout
+
+
+def test_val_noise_same_gives_the_held_out_part_the_training_noise_drawn_independently():
+    """--val_noise same: the held-out labels get the training labels' rate and kind of noise (over 40 seeds the rate
+    is 0.4 within sampling error, and every flip goes to another class), drawn from a stream of their own: which
+    held-out labels flip is independent of which training labels flip under the same seed (the flips of the first
+    held-out and training positions agree as often as chance says); the images are the clean run's, and the test
+    split is untouched. Power: drawn from the training part's stream, the two flip patterns coincide."""
+    from data.labels import LABEL_NOISE_SEED, noisy_labels
+    clean_val = build_dataset(make_options('ce', **HELD), 'val', None)
+    test = build_dataset(make_options('ce', **HELD), 'test', None).targets
+    rates, agree, n = [], [], len(clean_val.targets)
+    for seed in range(40):
+        opt = make_options('ce', **HELD, label_noise=0.4, val_noise='same', seed=seed)
+        assert opt.held_out_noise == [0.4, 'symmetric']
+        val, train = build_dataset(opt, 'val', None), build_dataset(opt, 'train', None)
+        assert indices(val) == indices(clean_val)
+        flipped = np.asarray(val.targets) != np.asarray(clean_val.targets)
+        rates.append(flipped.mean())
+        train_flipped = np.zeros(len(train.targets), bool)
+        train_flipped[train.label_noise['flipped']] = True
+        agree.append((flipped == train_flipped[:n]).mean())
+        assert build_dataset(opt, 'test', None).targets == test
+    assert abs(np.mean(rates) - 0.4) < 0.02                     # 40 x 288 labels: sd of the mean about 0.005
+    assert abs(np.mean(agree) - (0.4 ** 2 + 0.6 ** 2)) < 0.02   # independent flips agree with p^2 + (1-p)^2
+    same_stream = [np.asarray(noisy_labels(clean_val.targets, 10, 0.4, s, offset=LABEL_NOISE_SEED)[0])
+                   != np.asarray(clean_val.targets) for s in range(5)]
+    trained = [np.asarray(noisy_labels(list(range(10)) * 200, 10, 0.4, s)[0]) != np.asarray(list(range(10)) * 200)
+               for s in range(5)]
+    assert all((a == b[:n]).all() for a, b in zip(same_stream, trained))      # power: one stream, one pattern
+    pair = make_options('ce', **HELD, label_noise=0.4, label_noise_kind='pairflip', val_noise='same')
+    val = build_dataset(pair, 'val', None)
+    moved = [(c, v) for c, v in zip(clean_val.targets, val.targets) if c != v]
+    assert moved and all(v == (c + 1) % 10 for c, v in moved)
+
+
+def test_val_noise_bad_input_is_one_line():
+    for argv, words in ((['--val_noise', 'same', '--label_noise', '0.2'], '--val_noise same gives the held-out part '
+                                                                          'noisy labels: give --val_split > 0 too'),
+                        (['--val_noise', 'same', '--val_split', '0.2'], 'give --label_noise > 0 too')):
+        assert_one_line_error(run_in_process('main_ce.py', *argv), words)
+
+
+@pytest.mark.slow
+def test_a_probe_with_val_noise_same_takes_its_stage_1_noise_and_says_so(tmp_path):
+    """main_linear.py --val_noise same on a stage-1 run trained with --label_noise 0.4: its held-out labels get that
+    noise (its own training labels stay clean), and results.json says which labels the held-out part had."""
+    digits = [*FAST, '--epochs', 1, '--val_split', 0.2]
+    run_script('main_supcon.py', *digits, '--label_noise', 0.4, '--val_noise', 'same', '--save_folder', tmp_path / 'p')
+    ckpt = os.path.join(only_run_folder(tmp_path / 'p'), 'last.pth')
+    for name, extra, said in (('noisy', ['--val_noise', 'same'], 'noisy (0.4 symmetric)'), ('clean', [], 'clean')):
+        run_script('main_linear.py', *FAST, '--epochs', 1, '--ckpt', ckpt, '--shots', 2, '--shot_draws', 1, *extra,
+                   '--save_folder', tmp_path / name)
+        path = next((tmp_path / name).rglob('results.json'))
+        results = json.loads(path.read_text())
+        assert results['held_out_labels'] == said and results['config']['label_noise'] == 0
+        assert results['config']['val_split'] == 0.2

@@ -77,7 +77,8 @@ def test_knn_memory_is_bounded_and_small_temperatures_do_not_overflow():
 def test_the_monitor_neither_overflows_nor_moves_the_run(tmp_path):
     """Through the real script: with ``--knn_t 0.01`` (exp(s / t) overflows float32)
     the monitor reports an accuracy, not NaN votes; and two epochs with the monitor give the weights of two epochs
-    without it (its loaders draw from no RNG the run uses)."""
+    without it (its loaders draw from no RNG the run uses); under ``--test_every end`` it reads the test split at the
+    last epoch only."""
     from helpers import assert_one_line_error, load, run_in_process
     args = ['--size', 8, '--epochs', 2, *FAST]
     run_script('main_supcon.py', *args, '--save_folder', tmp_path / 'plain')
@@ -87,6 +88,10 @@ def test_the_monitor_neither_overflows_nor_moves_the_run(tmp_path):
     assert len(accs) == 2 and all(20 < a <= 100 for a in accs), accs
     a, b = load(os.path.join(plain, 'last.pth'))['model'], load(os.path.join(knn, 'last.pth'))['model']
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # --test_every end (a tuned sweep's seeded cells): the monitor reads the test split at the last epoch only
+    run_script('main_supcon.py', *args, '--knn_every', 1, '--test_every', 'end', '--save_folder', tmp_path / 'end')
+    rows = read_metrics(only_run_folder(tmp_path / 'end'))
+    assert [int(r['epoch']) for r in rows if r.get('knn/acc')] == [2]
     for value in ('1e-5', '1e5'):
         assert_one_line_error(run_in_process('main_supcon.py', '--knn_every', 1, '--knn_t', value),
                               '--knn_t must be in [0.0001, 10000]')

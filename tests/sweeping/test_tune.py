@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,15 @@ def results_of(trial_folder):
                                                                 '--learning_rate must be > 0']),
     ({'space': {'optimizer': {'choices': ['sgd', 'adamm']}}}, ['tune.space.optimizer', "refuses 'adamm'",
                                                                'invalid choice']),
+    # confirmation, flatness and the pruning floor
+    ({'confirm': {'top': 1}}, ['tune.confirm', 'give {top: K, seeds: N}']),
+    ({'confirm': {'top': 0, 'seeds': 1}}, ['tune.confirm.top', '>= 1']),
+    ({'confirm': {'top': 1, 'seeds': [0]}}, ['tune.confirm.seeds', 'the seed every trial ran with']),
+    ({'confirm': {'top': 1, 'seeds': [1, 1]}}, ['tune.confirm.seeds', 'distinct']),
+    ({'confirm': {'top': 2, 'seeds': 1}}, ['tune.confirm', '2 confirmation runs leave 1 of the 3 trials to search',
+                                            'tune.trials to 4']),
+    ({'flat_margin': -1}, ['tune.flat_margin must be a number >= 0']),
+    ({'pruning': {'min_complete': -1}}, ['tune.pruning', 'min_complete >= 0']),
 ])
 def test_bad_tune_input_is_one_line_naming_the_file_and_the_entry(tmp_path, change, words):
     path = tuned(tmp_path / 's.yaml', tune={'trials': 3, 'space': SPACE, **change})
@@ -126,6 +136,24 @@ def test_the_expected_best_of_n_trials_is_the_mean_maximum_over_all_draws():
         assert expected_best(values, n, larger_is_better=False) == pytest.approx(np.mean([min(d) for d in draws]))
 
 
+def test_flatness_against_hand_computed_cases():
+    """A study is flat when the best of its first three quarters of trials (in the order run, rounded up) is within
+    the margin of its best: a best that came last, by more than the margin, is not flat."""
+    from sweeping.tune_report import flatness
+
+    def trials(*values):
+        return [{'number': i, 'state': 'pruned' if v is None else 'complete', 'value': v} for i, v in enumerate(values)]
+    assert flatness(trials(80, 90, 85, 99), 0.5) == (False, 90, 99)          # the best came last
+    assert flatness(trials(99, 90, 85, 80), 0.5) == (True, 99, 99)           # ... first
+    assert flatness(trials(80, 90, 85, 90.4), 0.5) == (True, 90, 90.4)       # within the margin
+    assert flatness(trials(1, 2, 3, 4, 5, 6, 7, 6), 0.5) == (False, 6, 7)    # of 8 trials, the first 6 are 3/4
+    assert flatness(trials(1, 2, 3, 4, 5, 6, 7, 6), 1) == (True, 6, 7)
+    assert flatness(list(reversed(trials(80, 90, 85, 99))), 0.5) == (False, 90, 99)    # by number, not list order
+    assert flatness(trials(None, None, None, 70), 0.5) == (False, None, 70)  # nothing measured early
+    assert flatness(trials(None, None), 0.5) is None
+    assert flatness(trials(0.5, 0.3, 0.4, 0.2), 0.05, larger_is_better=False) == (False, 0.3, 0.2)
+
+
 def test_a_method_tunes_the_flags_its_runs_take(tmp_path):
     """The shared space applies where a method's script takes the flag (CE has no temperature without
     --supcon_weight); a method's own tune: key adds its flags."""
@@ -177,6 +205,11 @@ def test_every_method_gets_the_budget_and_the_cells_run_the_argmax(tuned_sweep):
         for result in (json.loads(p.read_text()) for p in cell_results):   # the test split read once, at the end
             if 'test_read' in result:
                 assert result['test_read'] == 'once, after the last epoch' and result['selected_on'] == 'last epoch'
+        for trial in record['trials']:      # a trial's runs are named after it (--trial): one meaning of "trial"
+            runs = [p.parent.name for p in (folder / 'tune' / method / f'trial_{trial["number"]}').rglob('run.json')]
+            assert runs and all(set(re.findall(r'_trial_(\d+)', r)) == {str(trial['number'])} for r in runs), runs
+        for run in (folder / 'runs' / method).rglob('run.json'):          # the kNN monitor too: test read at the end
+            assert json.loads(run.read_text())['config']['test_every'] == 'end'
         for metrics in (folder / 'tune' / method).rglob('metrics.csv'):
             header = metrics.read_text().splitlines()[0]
             assert 'test/' not in header and 'knn/acc' not in header.split(',')
@@ -188,15 +221,18 @@ def test_every_method_gets_the_budget_and_the_cells_run_the_argmax(tuned_sweep):
 
 
 @pytest.mark.slow
-def test_a_pruned_trial_is_stopped_early(tmp_path):
+@pytest.mark.parametrize('floor', [0, 2])
+def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
     """A study whose earlier trial reported 100 % at every epoch: the next trial's first epoch is below it, successive
-    halving prunes it, and its run stops there (its metrics.csv ends long before --epochs 30)."""
+    halving prunes it, and its run stops there (its metrics.csv ends long before --epochs 30). With the floor
+    ``min_complete: 2`` (one trial finished so far) the same trial is not pruned: it runs its 30 epochs."""
     import optuna
     from optuna.distributions import FloatDistribution
     from optuna.storages.journal import JournalFileBackend
     path = ce_only(tmp_path / 's.yaml', trials=2, epochs=30, tune={
         'trials': 2, 'space': {'learning_rate': SPACE['learning_rate']}, 'pruning': {'min_epochs': 1,
-                                                                                     'reduction': 2}})
+                                                                                     'reduction': 2,
+                                                                                     'min_complete': floor}})
     folder = tmp_path / 'save' / 'sweeps' / 'ce'
     (folder / 'tune').mkdir(parents=True)
     storage = optuna.storages.JournalStorage(JournalFileBackend(str(folder / 'tune' / 'optuna.journal')))
@@ -210,6 +246,12 @@ def test_a_pruned_trial_is_stopped_early(tmp_path):
     started = time.time()
     out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    if floor:
+        assert 'pruned: trial' not in out.stdout
+        assert [t['state'] for t in study(folder, 'CE')['trials']] == ['complete'] * 2
+        rows = next((folder / 'tune' / 'CE' / 'trial_1').rglob('metrics.csv')).read_text().splitlines()
+        assert len(rows) == 31
+        return
     assert 'pruned: trial 1 of CE after epoch' in out.stdout
     record = study(folder, 'CE')
     assert [t['state'] for t in record['trials']] == ['complete', 'pruned']
@@ -348,7 +390,6 @@ def test_a_budget_lowered_below_what_ran_is_refused(tmp_path):
     """trials: 3 lowered to 1 after three trials: the next call is refused in one line (a choice among three would
     not respect a budget of one), and --status says so instead of "3 of 1 trials"."""
     from core.flags import UserError
-    from sweeping import tune as tuning
     tuner, sweep_ = tuner_of(ce_only(tmp_path / 's.yaml', trials=3), tmp_path / 'save')
     (study, opt_study), = tuner.studies
     for _ in range(3):
@@ -357,13 +398,14 @@ def test_a_budget_lowered_below_what_ran_is_refused(tmp_path):
     ce_only(tmp_path / 's.yaml', trials=1)
     with pytest.raises(UserError, match='tune.trials is 1, but CE already ran 3 trials'):
         tuner_of(tmp_path / 's.yaml', tmp_path / 'save')
-    assert tuning.progress_line(record, 1).startswith('3 trials, more than the file\'s budget of 1: refused')
+    from sweeping.tune_status import progress_line
+    assert progress_line(record, 1).startswith('3 trials, more than the file\'s budget of 1: refused')
 
 
 def test_a_trial_held_as_running_with_nothing_running_is_interrupted(tmp_path):
     """--status after an interrupt: the study's record still says running, but no process holds the sweep's folder,
     so the trial is shown as interrupted (the next call continues it), as USAGE's states say."""
-    from sweeping.tune import progress_line
+    from sweeping.tune_status import progress_line
     from training.run_folder import lock_folder
     record = {'trials': [{'state': 'complete', 'value': 90.0, 'number': 0}, {'state': 'running', 'number': 1}],
               'best': {'value': 90.0, 'number': 0}, 'folder': str(tmp_path)}
@@ -403,3 +445,151 @@ def test_a_trial_never_runs_in_a_folder_of_other_values(tmp_path):
     tuner.running.clear()
     tuner.start(study, opt_study, trial, launch=lambda cell: None)          # its own values: nothing moves
     assert not (folder.parent / f'{folder.name}.other_values_2').exists()
+
+
+def test_the_dry_run_of_a_tuned_sweep_prints_every_command_with_placeholders(tmp_path):
+    """--dry-run of a file with tune: prints each study's next trial's commands and the seeded cells' commands, with
+    <flag> for each value still to choose; with the values filled in, a trial's command is the one the tuning runs
+    and a cell's the one the sweep runs once the study has chosen them."""
+    from sweeping import plan as sweep_plan
+    from sweeping import tune as tuning
+    path = tuned(tmp_path / 's.yaml')
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert 'SupCon: trials 0 to 2 of 3 (learning_rate in [0.02, 1] (log), temp in [0.05, 0.5] (log))' in out.stdout
+    assert 'after tuning, would run 6 stages of the seeded cells' in out.stdout
+    sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
+    values = {'learning_rate': 0.125, 'temp': 0.25}
+    fill = {f"'<{k}>'": str(v) for k, v in values.items()}
+
+    def printed(prefix):
+        line = next(x for x in lines if x.strip().startswith(prefix)).split(': ', 1)[1]
+        for k, v in fill.items():
+            line = line.replace(k, v)
+        return line.split()[2:]              # after the interpreter and the script
+    study_ = next(s for s in tuning.studies_of(sweep_) if s.method == 'SupCon')
+    trial = study_.cell(0, values)
+    assert printed('SupCon trial=0 seed 0, pretrain:') == trial.stages[0].command()[1:]
+    best = tmp_path / 'save' / 'sweeps' / 'tuned' / 'tune' / 'SupCon' / 'best.json'
+    best.parent.mkdir(parents=True, exist_ok=True)
+    best.write_text(json.dumps({'flags': values, 'trial': 0, 'value': 90.0, 'budget': 3}))     # the study chose
+    chosen = sweep_plan.read(str(path), str(tmp_path / 'save'))
+    cell = next(c for c in chosen.cells if c.method == 'SupCon' and c.seed == 1)
+    assert not cell.waiting and printed('SupCon seed 1, pretrain:') == cell.stages[0].command()[1:]
+    assert "--ckpt '<the stage-1 run folder>/last.pth'" in out.stdout
+    assert "--test_every end" in next(x for x in lines if 'SupCon seed 1, linear:' in x)
+
+
+@pytest.mark.slow
+def test_confirmation_runs_count_in_the_budget_choose_by_the_mean_and_resume_without_redoing(tmp_path):
+    """confirm: {top: 2, seeds: 1} with a budget of 4: Optuna asks 2 trials, then each is re-run once on seed 1 (4 runs
+    in all, the budget); best.json is the trial with the higher mean of its two seeds' held-out results (read from the
+    runs' own results.json). A call killed (SIGKILL) during the second confirmation run, then called again, redoes
+    neither the trials nor the first confirmation, and chooses the same."""
+    path = ce_only(tmp_path / 's.yaml', epochs=1, tune={
+        'trials': 4, 'space': {'learning_rate': SPACE['learning_rate']}, 'val_split': 0.2, 'pruning': False,
+        'confirm': {'top': 2, 'seeds': 1}})
+    folder = tmp_path / 'save' / 'sweeps' / 'ce'
+    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'save'), '--jobs',
+                             '1'], cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline, confirm = time.time() + 600, folder / 'tune' / 'CE' / 'confirm'
+    while time.time() < deadline and len([p for p in confirm.rglob('cell.json')]) < 2:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    time.sleep(1)
+    cells = sorted(confirm.glob('trial_*_seed_1'))
+    assert len(cells) == 2, cells
+    finished = [c for c in cells if list(c.rglob('results.json'))]     # the first confirmation, ended before the kill
+    assert len(finished) == 1, finished
+    records = [*(folder / 'tune' / 'CE').glob('trial_*/cell.json'), finished[0] / 'cell.json']
+    before = {p: p.read_text() for p in records}
+    out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert [p for p, text in before.items() if p.read_text() != text] == []      # nothing redone
+    record = study(folder, 'CE')
+    assert len(record['trials']) == 2 and record['searched'] == 2 and record['budget'] == 4
+    assert [r['state'] for r in record['confirmations']] == ['complete', 'complete']
+    runs = list((folder / 'tune' / 'CE').rglob('results.json'))
+    assert len(runs) == 4                                                     # the budget, confirmation included
+    means = {}
+    for trial in record['trials']:
+        values = [r['final_val_acc'] for r in results_of(folder / 'tune' / 'CE' / f'trial_{trial["number"]}')]
+        values += [r['final_val_acc'] for r in results_of(confirm / f'trial_{trial["number"]}_seed_1')]
+        for r in results_of(confirm / f'trial_{trial["number"]}_seed_1'):
+            assert r['config']['seed'] == 1 and r['test_split_read'] is False
+        means[trial['number']] = sum(values) / 2
+    best = json.loads((folder / 'tune' / 'CE' / 'best.json').read_text())
+    assert best['trial'] == max(means, key=lambda n: (means[n], -n))
+    assert best['value'] == pytest.approx(max(means.values()))
+    assert best['confirmed']['seeds'] == [0, 1] and best['confirm'] == {'top': 2, 'seeds': [1]}
+    assert 'mean of 2 seeds' in (folder / 'table.md').read_text()
+
+
+def test_val_noise_same_gives_the_trials_held_out_part_the_runs_label_noise(tmp_path):
+    """tune: val_noise: same: a trial whose run trains with --label_noise (a grid value) selects on held-out labels with
+    that noise (both stages get --val_noise same); a run without noise keeps them clean; the seeded cells hold nothing
+    out. A value other than clean or same is one line."""
+    from sweeping import plan as sweep_plan
+    from sweeping import tune as tuning
+    path = tuned(tmp_path / 's.yaml', grid={'noise': {'0': {'label_noise': 0}, '0.4': {'label_noise': 0.4}}},
+                 tune={'trials': 3, 'space': SPACE, 'val_noise': 'same'})
+    sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
+    for study_ in tuning.studies_of(sweep_):
+        cell = study_.cell(0, {'learning_rate': 0.1, 'temp': 0.1} if study_.method == 'SupCon' else
+                           {'learning_rate': 0.1})
+        noisy = study_.chosen['noise'] == '0.4'
+        for stage in cell.stages:
+            assert ('--val_noise' in stage.argv) == noisy, (study_.label, stage.name, stage.argv)
+    assert all('--val_noise' not in s.argv for c in sweep_.cells for s in c.stages)
+    table = tuned(tmp_path / 'b.yaml', tune={'trials': 3, 'space': SPACE, 'val_noise': 'noisy'})
+    assert_one_line_error(run_in_process('sweep.py', table, '--save_folder', tmp_path / 'save'),
+                          'tune.val_noise: clean or same')
+
+
+def test_the_parallel_coordinate_plot_shows_every_trial_and_its_colour_bar_clear_of_the_ticks():
+    """Optuna's plot as the report draws it: the worst trial's line is not near-white (Optuna's Blues starts at white),
+    and the colour bar starts right of the last parameter axis's tick labels. Power: Optuna's own colours fail the
+    first check."""
+    import warnings
+
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    import optuna
+    from optuna.visualization import matplotlib as plots
+
+    from sweeping.tune_report import readable_parallel_coordinate
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study_ = optuna.create_study(direction='maximize', sampler=optuna.samplers.RandomSampler(seed=0))
+    study_.optimize(lambda t: 90 + t.suggest_float('learning_rate', 0.02, 1, log=True)
+                    + t.suggest_float('temp', 0.05, 0.5, log=True), n_trials=6)
+
+    def drawn(fix):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            ax = plots.plot_parallel_coordinate(study_)
+        figure = ax.figure
+        figure.set_size_inches(8, 4.4)
+        figure.tight_layout()
+        if fix:
+            readable_parallel_coordinate(ax)
+        figure.canvas.draw()
+        return ax, figure
+
+    def lightest(ax):
+        lines = ax.collections[0]
+        return max(sum(c[:3]) / 3 for c in lines.get_cmap()(lines.norm(lines.get_array())))
+    ax, figure = drawn(fix=False)
+    assert lightest(ax) > 0.9                                             # power: near-white
+    plt.close(figure)
+    ax, figure = drawn(fix=True)
+    assert lightest(ax) < 0.85                                            # a light blue, visible on white
+    renderer = figure.canvas.get_renderer()
+    bar = next(a for a in figure.axes if a.get_label() == '<colorbar>')
+    ticks = max(label.get_window_extent(renderer).x1 for a in figure.axes if a is not bar
+                for label in a.get_yticklabels() if label.get_text())
+    assert bar.get_window_extent(renderer).x0 > ticks
+    plt.close(figure)
