@@ -175,7 +175,7 @@ class Tuner:
                                 f'{len(opt_study.trials) + spec.confirm_runs} or more, or tune in a new save_folder')
         self.running = {}           # (study name, trial number) -> Running
         self.crashed = set()
-        self.confirming = {}        # (study name, trial number, seed) -> (study, its launcher, its cell)
+        self.confirming = {}        # (study name, trial number, seed) -> (study, optuna study, launcher, cell)
 
     def ask(self, study, opt_study):
         """A new trial of ``opt_study``: TPE seeded by the file's seed and the trial's number."""
@@ -218,29 +218,29 @@ class Tuner:
                 for number, params, _ in self.candidates(study, opt_study) for seed in self.spec.confirm['seeds']]
 
     def next_confirmation(self):
-        """``(study, number, seed, cell)`` of a confirmation run to start (not finished, not running, not crashed in
-        this call), or ``None``."""
+        """``(study, optuna study, number, seed, cell)`` of a confirmation run to start (not finished, not running,
+        not crashed in this call), or ``None``."""
         for study, opt_study in self.studies:
             for number, seed, cell in self.confirmations(study, opt_study):
                 key = (study.name, number, seed)
                 if key in self.confirming or key in self.crashed:
                     continue
-                if confirmation_state(cell)[0] in ('pending', 'failed'):
-                    return study, number, seed, cell
+                if confirmation_state(cell) in ('pending', 'failed'):
+                    return study, opt_study, number, seed, cell
         return None
 
-    def start_confirmation(self, study, number, seed, cell, launch):
+    def start_confirmation(self, study, opt_study, number, seed, cell, launch):
         os.makedirs(cell.folder, exist_ok=True)
-        self.confirming[(study.name, number, seed)] = (study, launch(cell), cell)
+        self.confirming[(study.name, number, seed)] = (study, opt_study, launch(cell), cell)
         self.say(f'confirming: trial {number} of {study.label} with seed {seed}')
 
     def watch_confirmation(self, key):
         """Whether a confirmation run is still running; its end is said and recorded."""
-        study, launcher, cell = self.confirming[key]
+        study, opt_study, launcher, cell = self.confirming[key]
         outcome = launcher.poll()
         if outcome is None:
             return True
-        state, _ = confirmation_state(cell)
+        state = confirmation_state(cell)
         if state == 'complete':
             value = study.result(cell)
             self.say(f'confirmed: trial {key[1]} of {study.label} with seed {key[2]}: {self.spec.metric} '
@@ -253,7 +253,7 @@ class Tuner:
             self.say(f'{outcome}: the confirmation of trial {key[1]} of {study.label} with seed {key[2]}; the next '
                      'call continues it')
         del self.confirming[key]
-        self.record(study, dict(self.studies)[study])
+        self.record(study, opt_study)
         return False
 
     def confirmed_best(self, study, opt_study):
@@ -266,7 +266,7 @@ class Tuner:
             values = [value]
             for seed in self.spec.confirm['seeds']:
                 cell = study.cell(number, params, seed)
-                state, _ = confirmation_state(cell)
+                state = confirmation_state(cell)
                 if (study.name, number, seed) in self.confirming:
                     state = 'running'
                 got = study.result(cell) if state == 'complete' else None
@@ -455,7 +455,7 @@ class Tuner:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for entry in self.running.values():
                 entry.launcher.stop()
-            for _, launcher, _ in self.confirming.values():
+            for _, _, launcher, _ in self.confirming.values():
                 launcher.stop()
             raise sweep_run.Stop(e.signum) from None
         finally:

@@ -21,17 +21,17 @@ def read_study(folder):
 
 
 def confirmation_state(cell):
-    """``(state, value)`` of a confirmation run from its files: ``complete`` with its objective, ``diverged``,
-    ``failed`` (it crashed: the next call continues it) or ``pending`` (not run, or not finished)."""
+    """A confirmation run's state from its files: ``complete``, ``diverged``, ``failed`` (it crashed: the next call
+    continues it) or ``pending`` (not run, or not finished)."""
     record = sweep_run.read_record(cell.folder)
     for stage in cell.stages:
         state = sweep_run.state(stage, record)
         if state == 'failed':
             line = record.get(stage.name, {}).get('last_line', '')
-            return ('diverged' if DIVERGED.search(line) else 'failed'), None
+            return 'diverged' if DIVERGED.search(line) else 'failed'
         if state != 'done':
-            return 'pending', None
-    return 'complete', None
+            return 'pending'
+    return 'complete'
 
 
 def progress_line(record, budget, live=True):
