@@ -247,7 +247,8 @@ def main(argv=None):
     p.add_argument('--smoke', action='store_true', help='resnet_tiny, batch 16, 256 images, 2 steps: that it runs')
     p.add_argument('--profile', choices=['missed', 'always', 'never'], default='missed',
                    help='a torch.profiler table of ours for each method whose target is missed (always: every one)')
-    p.add_argument('--json', help='also write every rate, ratio, missed target and profile table to this file')
+    p.add_argument('--json', help='also write every rate, ratio, missed target and profile table to this file '
+                                  '(rewritten after each configuration)')
     args = p.parse_args(argv)
     if args.smoke:
         args.models, args.batches, args.images, args.steps, args.warmup, args.workers = \
@@ -294,10 +295,11 @@ def main(argv=None):
                                       'missed': [dict(zip(('row', 'over', 'ratio', 'target'), m)) for m in missed]})
             if headline is None or (model_name == 'resnet18' and bsz == 1024):
                 headline = rates['ours SupCon'] / rates['baseline']
-    report['ratio'] = headline
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(report, f, indent=2)
+            report['ratio'] = headline
+            if args.json:           # after each configuration: a run stopped later keeps what it measured
+                with open(args.json + '.tmp', 'w') as f:
+                    json.dump(report, f, indent=2)
+                os.replace(args.json + '.tmp', args.json)
     print(f'ratio {headline:.2f}')
 
 

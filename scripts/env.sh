@@ -1,8 +1,10 @@
 # Sourced by the other scripts: sets PY to a Python with requirements.txt installed.
-# With a virtualenv or conda environment already active, that one is used as it is;
-# otherwise ./.venv is created and (re)installed whenever requirements.txt changes.
+# $PY when set (a Python that has them already, e.g. a GPU image's python3) is used as it is, and so is an active
+# virtualenv or conda environment; otherwise ./.venv is created and (re)installed whenever requirements.txt changes.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then
+if [ -n "${PY:-}" ]; then
+    :
+elif [ -n "${VIRTUAL_ENV:-}" ] || [ -n "${CONDA_PREFIX:-}" ]; then
     PY=python
 else
     if [ ! -x "$ROOT/.venv/bin/python" ]; then
@@ -19,6 +21,6 @@ else
     fi
 fi
 "$PY" -c "import torch, torchvision, sklearn, tensorboard, tqdm" || {
-    echo "error: torch/torchvision do not import; see requirements.txt for the matching pair" >&2; exit 1; }
+    echo "error: torch/torchvision/sklearn/tensorboard/tqdm do not import in $PY; see requirements.txt" >&2; exit 1; }
 export PYTHONUNBUFFERED=1
 cd "$ROOT"

@@ -2,7 +2,7 @@
 # The GPU check in one command (benchmarks/gpu_check.py): every CUDA-side check and measurement of the project,
 # into $OUT/gpu_report.md and gpu_report.json (./gpu_check_out without $OUT). Installs nothing: on the GPU machine
 # it runs with the image's own python3 (torch, torchvision, timm already there).
-#   bash scripts/gpu_check.sh [--sections 1-7] [--budget SECONDS]     # on a GPU (docs/DEVELOPING.md, "On a GPU")
+#   bash scripts/gpu_check.sh [--sections 1-8] [--budget SECONDS]     # on a GPU (docs/DEVELOPING.md, "On a GPU")
 #   bash scripts/gpu_check.sh --dry-run                                # tiny sizes, any device, about 2 minutes
 # The Python: $PY if set; else an active virtualenv or conda environment's; else python3 if it imports torch (the GPU
 # image); else this checkout's .venv (bash scripts/test.sh creates it).

@@ -44,6 +44,7 @@ def test_the_dry_run_passes_on_a_loaded_machine_and_says_what_needs_cuda(tmp_pat
     assert sections['recipe']['data']['bit_equal_repeat'] and sections['recipe']['data']['bit_equal_resume']
     assert len(sections['field']['data']) == len(gpu_check.field_runs())
     assert all('test_acc' in r for r in sections['field']['data'].values())
+    assert sections['user_recipe']['data']['projection_s'] > sections['user_recipe']['data']['first_epoch_s'] > 0
     assert '## 7. The field on the GPU' in report and 'passed' not in report.split('## 2.')[1].split('\n')[0]
     # the default plan: the environment and the throughput alone, then four process chains side by side
     with open(tmp_path / 'gpu_report.json') as f:
@@ -88,7 +89,7 @@ def test_sections_parse_and_the_environment_always_runs():
     assert gpu_check.parse_sections('4') == {1, 4}
     assert gpu_check.parse_sections('2-4,7') == {1, 2, 3, 4, 7}
     assert gpu_check.parse_sections(' 1 - 3 , 5') == {1, 2, 3, 5}
-    for bad in ('8', '', ',', '3-1', '1-', 'a', '1,,2', '2-3-4', '-1'):
+    for bad in ('9', '', ',', '3-1', '1-', 'a', '1,,2', '2-3-4', '-1'):
         with pytest.raises(gpu_check.ArgumentError):
             gpu_check.parse_sections(bad)
 
@@ -108,7 +109,7 @@ def unwritable_folder(tmp_path):
     (['--sections', ''], ['--sections takes numbers', "got ''"]),
     (['--sections', '3-1'], ['the range 3-1 is reversed']),
     (['--sections', '1-3,x'], ['--sections takes numbers']),
-    (['--sections', '9'], ['numbers in 1-7']),
+    (['--sections', '9'], ['numbers in 1-8']),
     (['--budget', '0'], ['--budget must be a number of seconds > 0']),
     (['--budget', '-5'], ['--budget must be a number of seconds > 0']),
     (['--budget', 'inf'], ['--budget must be a number of seconds > 0']),
@@ -161,7 +162,8 @@ def test_the_chains_run_side_by_side_after_the_throughput_alone(tmp_path):
     start = {k: s['started_s'] for k, s in sections.items()}
     end = {k: start[k] + s['seconds'] for k, s in sections.items()}
     firsts = [start[k] for k in ('cuda_tests', 'loop_syncs', 'recipe', 'field')]
-    assert start['throughput'] >= end['environment'] - 0.5 and min(firsts) >= end['throughput'] - 0.5
+    assert start['throughput'] >= end['environment'] - 0.5 and start['user_recipe'] >= end['throughput'] - 0.5
+    assert min(firsts) >= end['user_recipe'] - 0.5                            # the timed sections alone
     assert max(firsts) - min(firsts) < 2.5                                    # side by side, not one after another
     assert start['forms'] >= end['loop_syncs'] - 0.5                          # 3 then 5 in one chain
     assert max(end.values()) - min(firsts) < 15        # about one chain's 6 s; one after another: 15 s of naps alone
@@ -212,3 +214,32 @@ def test_state_differences_sees_one_changed_bit():
     b['optimizer']['state'][0]['m'] = torch.ones(3) * 2
     assert gpu_check.state_differences(a, b) == ['model.w', 'optimizer.state.0.m']
 
+
+
+def test_the_user_recipe_figures_come_from_its_epoch_lines_and_metrics():
+    """Section 8's arithmetic: the steady wall-clock epoch is the span from the first epoch's line to the last's over
+    the epochs between; the projection is the time to the first epoch's end plus 999 steady epochs; the benchmark's
+    best SupCon row (deterministic left out) for resnet50 at batch 1024."""
+    lines = [(1.0, 'path: cuda, --augment device'), (30.0, 'epoch 1/4 (25.0s; 0:30 elapsed, about 1:30 left): x'),
+             (36.0, 'epoch 2/4 (5.0s; 0:36 elapsed, about 0:12 left): x'), (42.5, 'noise'),
+             (42.0, 'epoch 3/4 (5.0s; 0:42 elapsed, about 0:06 left): x'),
+             (48.0, 'epoch 4/4 (5.0s; 0:48 elapsed, about 0:00 left): x')]
+    ends = gpu_check.epoch_ends(lines)
+    assert ends == {1: 30.0, 2: 36.0, 3: 42.0, 4: 48.0}
+    r = gpu_check.user_recipe_rates(50_000, ends, [25.0, 5.0, 5.0, 5.0], 50.0)
+    assert r['steady_epoch_wall_s'] == 6.0 and r['steady_epoch_train_s'] == 5.0
+    assert r['images_per_s_wall'] == 100_000 / 6.0 and r['images_per_s_train'] == 20_000
+    assert r['projection_s'] == 30.0 + 999 * 6.0
+    with pytest.raises(ValueError):
+        gpu_check.user_recipe_rates(50_000, {1: 30.0}, [25.0], 31.0)
+
+
+def test_the_user_recipe_is_compared_with_the_benchmarks_best_row(tmp_path):
+    (tmp_path / 'throughput').mkdir()
+    report = {'configs': [{'model': 'resnet18', 'batch': 1024, 'rates': {'ours SupCon': 9e9}},
+                          {'model': 'resnet50', 'batch': 1024, 'rates': {
+                              'baseline': 3000.0, 'bound compiled': 20000.0, 'ours SupCon': 13000.0,
+                              'ours SupCon compiled': 18000.0, 'ours SupCon deterministic': 19000.0}}]}
+    (tmp_path / 'throughput' / 'throughput.json').write_text(json.dumps(report))
+    assert gpu_check.benchmark_best(str(tmp_path / 'user_recipe')) == ('ours SupCon compiled', 18000.0)
+    assert gpu_check.benchmark_best(str(tmp_path / 'nowhere' / 'user_recipe')) is None
