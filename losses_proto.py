@@ -366,7 +366,10 @@ class TSCLoss(KCLLoss):
         moved = torch.where(self.seen[:, None], self.ema * self.centroids + (1 - self.ema) * mean, mean)
         self.centroids.copy_(torch.where(present[:, None], moved, self.centroids))
         self.seen |= present
-        self.assignment.copy_(assign_targets(self.centroids, self.seen, self.targets))
+        chosen = assign_targets(self.centroids, self.seen, self.targets)
+        if self.assignment.is_cuda:      # from pinned memory without waiting (a pageable host copy waits, 2026-11-27)
+            chosen = chosen.pin_memory()
+        self.assignment.copy_(chosen, non_blocking=True)
 
     def end_epoch(self):
         """Re-assign the targets to the classes seen this epoch (Hungarian matching; ``assign='epoch'``), then clear

@@ -483,6 +483,7 @@ def field_one(script, flags, linear_flags):
 
 
 FIELD_PARALLEL = 3            # field runs side by side on the GPU (2 in the dry run)
+FIELD_RUN_BOUND = 150         # seconds for one run; one stopped earlier by the budget's end is skipped, not failed
 FIELD_LINEAR_LR = 0.1         # the probe's learning rate: lr 1 did not converge on resnet18's features (2026-11-26)
 
 
@@ -511,11 +512,12 @@ def section_field(ctx):
             argv = [*common, '--epochs', epochs, *hyper, *flags, '--save_folder', save]
             linear = [*common, '--epochs', lin, '--learning_rate', str(FIELD_LINEAR_LR)]
             log = os.path.join(ctx.work, re.sub(r'\W+', '_', name) + '.log')
+            bound = min(ctx.left(), FIELD_RUN_BOUND)
             try:
-                running[name] = (Forked(field_one, (script, argv, linear), log, min(ctx.left(), 150)), log)
+                running[name] = (Forked(field_one, (script, argv, linear), log, bound), log, bound < FIELD_RUN_BOUND)
             except RuntimeError as e:
                 results[name] = {'error': str(e)}
-        for name, (child, log) in list(running.items()):
+        for name, (child, log, by_budget) in list(running.items()):
             try:
                 out = child.poll()
             except RuntimeError as e:
@@ -523,6 +525,9 @@ def section_field(ctx):
             if out is None:
                 continue
             del running[name]
+            if by_budget and out.get('error', '').startswith('timed out'):     # the budget's end, not the run's
+                skipped.append(name)
+                continue
             results[name] = out
             with open(log) as f, open(ctx.log, 'a') as whole:
                 whole.write(f'\n--- {name}\n{f.read()}')

@@ -14,7 +14,9 @@ result's shape or value is needed on the host:
   from host data (a constant made per step: make it on the device once), indexing device data with host
   indices (the indices are copied to the device first), and an index assignment of host data into device data
   (``dev[idx] = True``, ``dev[idx] = host_tensor``: Python's ``__setitem__`` wraps a Python number in a host
-  scalar tensor when the target is on CUDA, and ``index_put_`` copies it to the device, a blocking copy);
+  scalar tensor when the target is on CUDA, and ``index_put_`` copies it to the device, a blocking copy), and
+  ``dev.copy_(host)`` without ``non_blocking=True`` (``torch.from_numpy`` makes host data too; on CUDA the host side
+  must also be pinned, ``.pin_memory()``, for a copy not to wait: the code does both);
 - copies to the host: ``.tolist()``, ``.numpy()``, ``.cpu()``, ``.to('cpu')`` (wrapped, since they do not
   dispatch on a CPU tensor). The code says which copy it means: a string ``'cpu'`` or ``.cpu()`` is a copy to
   the host, a ``torch.device`` (``opt.device``, ``x.device``) one to the device.
@@ -115,6 +117,9 @@ class SyncCounter(TorchDispatchMode):
                 args[0] not in self._host and args[0] not in self._made and \
                 (args[2] in self._host or (self._setitem_values and self._setitem_values[-1])):
             name = f'{func.overloadpacket.__name__} (host value into device data)'
+        elif func is aten.copy_.default and args[0] not in self._host and args[0] not in self._made and \
+                args[1] in self._host and not (args[2] if len(args) > 2 else kwargs.get('non_blocking', False)):
+            name = 'copy_ (host data into device data, blocking)'
         elif func is aten.repeat_interleave.Tensor and kwargs.get('output_size') is None:
             name = 'repeat_interleave (no output_size)'
         elif func is aten.histc.default and tuple(args[2:4]) in ((), (0, 0)) and not kwargs:
@@ -190,7 +195,7 @@ class SyncCounter(TorchDispatchMode):
                     self._host.add(out)
                 return out
             setattr(torch, factory, on_host)
-        for factory in ('tensor', 'as_tensor'):
+        for factory in ('tensor', 'as_tensor', 'from_numpy'):
             original_factory = getattr(torch, factory)
             self._saved[f'torch.{factory}'] = original_factory
 

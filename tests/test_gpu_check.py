@@ -243,3 +243,20 @@ def test_the_user_recipe_is_compared_with_the_benchmarks_best_row(tmp_path):
     (tmp_path / 'throughput' / 'throughput.json').write_text(json.dumps(report))
     assert gpu_check.benchmark_best(str(tmp_path / 'user_recipe')) == ('ours SupCon compiled', 18000.0)
     assert gpu_check.benchmark_best(str(tmp_path / 'nowhere' / 'user_recipe')) is None
+
+
+def test_a_field_run_stopped_by_the_budgets_end_is_skipped_not_failed(tmp_path, monkeypatch):
+    """A run started with less time left than its own bound and stopped there was cut by the budget (the H100 check
+    of 2026-11-27 reported SupCon + CARROT as failed after 11 s): skipped; one stopped at its own bound failed."""
+    class TimedOut:
+        def __init__(self, fn, args, log, timeout):
+            os.makedirs(os.path.dirname(log), exist_ok=True)
+            open(log, "w").close()
+
+        def poll(self):
+            raise RuntimeError('timed out after 11 s')
+    monkeypatch.setattr(gpu_check, 'Forked', TimedOut)
+    for left, status in ((11.0, 'skipped: out of time'), (1000.0, 'failed')):
+        monkeypatch.setattr(gpu_check.Context, 'left', lambda self, reserve=5, left=left: left)
+        ctx = gpu_check.Context(True, False, str(tmp_path / str(left)), str(tmp_path / 'log'), 0)
+        assert gpu_check.section_field(ctx)['status'] == status

@@ -13,7 +13,7 @@ import torch
 from core.flags import UserError
 from losses import cross_entropy
 from training.distributed import all_reduce_sum, world_size
-from training.runtime import Runtime
+from training.runtime import Runtime, keep_compiled_shapes
 from training.schedule import Schedule
 from util import AverageMeter, progress
 
@@ -103,6 +103,8 @@ def train_loop(loader, optim: Optimization, epoch, step, desc, print_freq=10):
         schedule.warmup(optimizer, epoch, idx, len(loader))
         optimizer.zero_grad(set_to_none=True)
         loss, n, stats = step(batch, backward)
+        if idx == 0:
+            keep_compiled_shapes()        # --compile: the first step's graphs; other shapes run eagerly from here
         scale_before = backward.scale(loss.device) if fp16 else None
         scaler.step(optimizer)
         scaler.update()

@@ -102,3 +102,46 @@ def test_calibration_bins_hold_their_lower_edge():
     probs = torch.stack([conf, (1 - conf) / 2, (1 - conf) / 2], 1)
     bins.update(probs, torch.zeros(4, dtype=torch.long))
     assert bins.sums[1].tolist() == pytest.approx([0, 0, 0.5 + 0.7499, 0.75, 1.0])
+
+
+def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eagerly(monkeypatch):
+    """``--compile``: after the loop's first step, an epoch's last, smaller batch and an eval-mode call run eagerly
+    instead of compiling again (on an H100 the recompile of ResNet-50 for CIFAR-10's last batch took over 80 s); the
+    full batches keep the compiled graphs. Dynamo's ``eager`` backend stands in for inductor (the same graphs and
+    recompiles, no code generation). Power check: without the loop's call, the smaller batch compiles new graphs."""
+    from torch._dynamo.utils import counters
+
+    from training import runtime
+    from training.schedule import Schedule
+
+    def graphs_of_a_run(keep):
+        torch._dynamo.reset()
+        counters.clear()
+        if not keep:
+            monkeypatch.setattr(loop, 'keep_compiled_shapes', lambda: None)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                    torch.nn.Linear(8, 2))
+        runtime.compile_modules(True, model, backend='eager')
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = _Batches([(torch.randn(16, 4),), (torch.randn(16, 4),), (torch.randn(12, 4),)])
+
+        def step(batch, backward):
+            loss = model(batch[0]).pow(2).mean()
+            backward(loss)
+            return loss.detach(), batch[0].shape[0], {}
+        try:
+            scaler = torch.amp.GradScaler('cpu', enabled=False)
+            out = loop.train_loop(batches, loop.Optimization(optimizer, scaler, Schedule(learning_rate=0.1, epochs=1)),
+                                  1, step, 'test', print_freq=1000)
+            model.eval()
+            with torch.no_grad():
+                model(torch.randn(5, 4))
+        finally:
+            torch.compiler.set_stance('default')
+            runtime._compiled = False
+        assert math.isfinite(out['train/loss'])
+        return counters['stats']['unique_graphs']
+
+    assert graphs_of_a_run(keep=True) == 1                     # the first step's graph alone
+    assert graphs_of_a_run(keep=False) > 1                     # power: the smaller batch and eval mode recompile

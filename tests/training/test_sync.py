@@ -2,6 +2,7 @@
 counted on a CPU (tests/sync_count.py), for every method and mode, in steady state (after the steps that fill
 RASCAL's cache and the queue's host copy). The host reads a step's statistics once, in ``loop.train_loop``,
 outside the step."""
+import numpy as np
 import pytest
 import torch
 
@@ -181,3 +182,18 @@ def test_power_host_values_assigned_into_device_data_are_counted():
         host_flags[torch.tensor([1, 4])] = True                                    # host into host: not counted
     assert dict(counter.counts) == {'index_put_ (host value into device data)': 2}
     assert device_flags.tolist() == [False, True, True, True, True, False, False, False]
+
+
+def test_power_a_blocking_copy_of_host_data_into_device_data_is_counted():
+    """``dev.copy_(host)`` waits for the device (the H100 check of 2026-11-27 saw TSC's per-step assignment, a NumPy
+    array made a tensor, copied so); with ``non_blocking=True`` (from pinned memory on CUDA) it does not, nor does a
+    copy of device data or one into host data."""
+    device_rows, device_values = torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.int64)
+    with SyncCounter() as counter:
+        chosen = torch.from_numpy(np.arange(4))                              # host data
+        device_rows.copy_(chosen)                                            # counted
+        device_rows.copy_(torch.tensor([3, 2, 1, 0]))                        # counted
+        device_rows.copy_(chosen, non_blocking=True)                         # not counted
+        device_rows.copy_(device_values)                                     # device data: not counted
+        torch.zeros(4, dtype=torch.int64).copy_(chosen)                      # into host data: not counted
+    assert dict(counter.counts) == {'copy_ (host data into device data, blocking)': 2}
