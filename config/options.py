@@ -31,6 +31,7 @@ from data import AUGMENT, DATASETS, HELD_OUT, LABEL_FRACTION, LABEL_NOISE, LABEL
 from evaluation.knn import MONITOR
 from evaluation.probes import FINETUNE, LINEAR_PROBE, PROBES
 from methods import METHODS, add_method_flags, apply_method_flags, get_method
+from tracking.trackers import TRACKER
 from training.checkpoint import run_checkpoint
 from training.chunks import CHUNKS
 from training.memory_queue import QUEUE
@@ -43,7 +44,7 @@ from training.steps import CARROT_FLAGS, CE_LOSS, ONE_STAGE
 # in the middle of the name (encoder_options.encoder_tag), its checks first.
 FEATURES = [ENCODER, LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION,
             AUGMENT, CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
-            LINEAR_PROBE, HELD_OUT]
+            LINEAR_PROBE, HELD_OUT, TRACKER]
 
 SCRIPT_DEFAULTS = {     # SupContrast's, per script
     'supcon': dict(epochs=1000, learning_rate=0.05, lr_decay_epochs='700,800,900', lr_decay_rate=0.1,

@@ -12,6 +12,9 @@ import torch
 from config.resume import config_dict, resume_conflicts
 from core.flags import UserError
 from data import held_out_labels
+from tracking.trackers import finish as finish_trackers
+from tracking.trackers import parse_tags, parse_trackers
+from tracking.trackers import start as start_trackers
 from training.checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from training.distributed import all_gather_object, barrier, init_distributed, is_main, rank, world_size
 from training.loop import Optimization, Trainer
@@ -195,7 +198,14 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise UserError(f'{opt.resume} cannot be resumed: {str(e).splitlines()[0][:200]}') from None
         print(f'resumed from {opt.resume} at epoch {start - 1}')
-    logger = RunLogger(opt.run_folder, start) if is_main() else None
+    logger = None
+    if is_main():      # TensorBoard and the --tracker runs (W&B, MLflow: tracking/trackers.py), with the flags
+        names = parse_trackers(opt.tracker)
+        trackers = start_trackers([n for n in names if n != 'tensorboard'], opt.run_folder,
+                                  os.path.basename(os.path.normpath(opt.run_folder)), config_dict(opt), start > 1,
+                                  project=opt.tracker_project, uri=opt.tracker_uri, group=opt.tracker_group,
+                                  tags=parse_tags(opt.tracker_tags))
+        logger = RunLogger(opt.run_folder, start, 'tensorboard' in names, trackers)
     for notice in notices:
         print(f'note: {notice}', flush=True)
         if logger is not None:
@@ -299,9 +309,12 @@ def write_results(opt, last, best, select, **extra):
     results.update(config=config_dict(opt), **extra)
     if select != 'test/acc':
         results[f'best_{select.replace("/", "_")}'] = best[select]
-    with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
+    path = os.path.join(opt.run_folder, 'results.json')
+    with open(path, 'w') as f:
         json.dump(results, f, indent=2)
+    finish_trackers({k: v for k, v in results.items() if k != 'config'}, path)
     return results
+
 
 
 def report_selection(last, best, select, test_once=False):

@@ -30,9 +30,10 @@ class RunLogger:
     matches the restored state.
     """
 
-    def __init__(self, folder, start_epoch=1):
+    def __init__(self, folder, start_epoch=1, tensorboard=True, trackers=()):
         from torch.utils.tensorboard import SummaryWriter
         os.makedirs(folder, exist_ok=True)
+        self.trackers = list(trackers)          # tracking.trackers' open runs (W&B, MLflow): every epoch's scalars
         self.folder = folder
         self.csv_path = os.path.join(folder, 'metrics.csv')
         self.hist_path = os.path.join(folder, 'histograms.csv')   # epoch, name, bucket counts over [0, 1]
@@ -46,15 +47,21 @@ class RunLogger:
         if self.rows:   # back to dicts (header first)
             self.rows = [dict(zip(self.rows[0], r)) for r in self.rows[1:]]
         self.hist_rows = [r for r in self.hist_rows if r[0] != 'epoch']
-        self.writer = SummaryWriter(os.path.join(folder, 'tensorboard'), purge_step=start_epoch)
+        self.writer = SummaryWriter(os.path.join(folder, 'tensorboard'), purge_step=start_epoch) if tensorboard \
+            else None
 
     def log(self, epoch, metrics, histograms=None):
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, epoch)
+        for tracker in self.trackers:
+            tracker.log(epoch, metrics)
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, value, epoch)
         for key, counts in (histograms or {}).items():
-            self._histogram(key, counts, epoch)
+            if self.writer is not None:
+                self._histogram(key, counts, epoch)
             self.hist_rows.append([epoch, key] + [int(c) for c in torch.as_tensor(counts).tolist()])
-        self.writer.flush()
+        if self.writer is not None:
+            self.writer.flush()
         if histograms:
             _write_csv(self.hist_path, [['epoch', 'name', 'counts...']] + self.hist_rows)
         self.rows.append({'epoch': epoch, **{k: f'{v:.6g}' for k, v in metrics.items()}})
@@ -63,8 +70,9 @@ class RunLogger:
 
     def note(self, epoch, text):
         """A one-line message (a warning) to TensorBoard's text tab and ``<run>/warnings.txt``."""
-        self.writer.add_text('warnings', text, epoch)
-        self.writer.flush()
+        if self.writer is not None:
+            self.writer.add_text('warnings', text, epoch)
+            self.writer.flush()
         with open(os.path.join(self.folder, 'warnings.txt'), 'a') as f:
             f.write(f'epoch {epoch}: {text}\n')
 
@@ -84,4 +92,6 @@ class RunLogger:
                                       global_step=epoch)
 
     def close(self):
-        self.writer.close()
+        """TensorBoard's files closed; the trackers stay open for the run's results (``tracking.trackers.finish``)."""
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,1 @@
+"""Experiment trackers beside TensorBoard (``--tracker``)."""
