@@ -404,6 +404,8 @@ def main(argv=None):
     now = states(sweep, cells)
     from sweeping.report import write_results
     written, problems = write_results(sweep, sweep.cells, states(sweep, sweep.cells))     # every cell, not --only's
+    from sweeping.tracking import log_sweep
+    log_sweep(sweep, written)           # its table and figures on the sweep's own tracker run, where its runs log
     if lock is not None:
         lock.close()
     failed = [k for k, s in now.items() if s == 'failed']

@@ -8,7 +8,8 @@ from config.options import FEATURES
 # other values of these is still the same run (a sweep's finished stage is held to every other flag, --epochs
 # included).
 WHERE_IT_RAN = {'config', 'save_folder', 'resume', 'run_folder', 'data_folder', 'num_workers', 'world_size', 'rank',
-                'local_batch_size', 'device', 'augment', 'amp', 'channels_last'}
+                'local_batch_size', 'device', 'augment', 'amp', 'channels_last',
+                'tracker', 'tracker_project', 'tracker_uri', 'tracker_group', 'tracker_tags'}   # where it was logged
 # What may differ when a run is resumed: besides where it runs, flags that do not change what is learned (a longer
 # --epochs is how a run is extended), the features' own (``Feature.resume_may_change``: e.g. --amp, --channels_last
 # and --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe

@@ -32,6 +32,8 @@ from sweeping.entries import (  # noqa: F401  (SCRIPTS, SweepError, folder_part:
     parser_of,
 )
 from sweeping.launch import read_record, state
+from sweeping.tracking import add_flags as add_tracker_flags
+from sweeping.tracking import cell_tags
 from training.run_folder import RUN_IDENTITY
 
 # The scripts' parsers (config.options, which imports torch through the features' modules) are imported where a
@@ -272,6 +274,8 @@ def read(path, save_folder=None, check=True):
                 stages = build_stages(script, {**stage1_flags, 'seed': seed},
                                       {e: {**evaluations[e], **once} for e in evaluate}, base, cell_folder, where,
                                       method, check)
+                if check:
+                    add_tracker_flags(stages, name, folder, cell_tags(method, chosen, seed, 'cell'))
                 cells.append(Cell(method, chosen, seed, cell_folder, stages, waiting=tune is not None and not tuned))
     compare = read_compare(data.get('compare'), where, entries, axes, evaluations)
     slurm = mapping(data.get('slurm', {}), f'{where} slurm')

@@ -24,6 +24,8 @@ from typing import NamedTuple
 from core.flags import UserError
 from sweeping import launch as sweep_run
 from sweeping.plan import STAGE1, Cell, build_stages
+from sweeping.tracking import add_flags as add_tracker_flags
+from sweeping.tracking import cell_tags, mark_trial, tracked
 from sweeping.trials import epoch_values
 from sweeping.tune_spec import BEST, study_folder, study_name
 from sweeping.tune_status import DIVERGED, STUDY, confirmation_state
@@ -80,6 +82,9 @@ class Study:
                               os.path.join('confirm', f'trial_{number}_seed_{seed}'))
         stages = build_stages(self.script, stage1, evaluations, self.sweep.base, folder, f'{self.sweep.path}:',
                               self.method)
+        add_tracker_flags(stages, self.sweep.name, self.sweep.folder,
+                          cell_tags(self.method, self.chosen, stage1['seed'],
+                                    'trial' if seed is None else 'confirmation', trial=number))
         return Cell(self.method, {**self.chosen, 'trial': number}, stage1['seed'], folder, stages)
 
     def result(self, cell):
@@ -401,6 +406,7 @@ class Tuner:
                   'metric': self.spec.metric, 'direction': self.spec.direction, 'folder': study.folder,
                   'space': {f: vars(r) for f, r in study.space.items()}, 'trials': trials,
                   'confirmations': runs, 'best': confirmed or best}
+        self.mark_in_trackers(study, trials)
         os.makedirs(study.folder, exist_ok=True)
         tmp = os.path.join(study.folder, f'.{STUDY}.tmp')
         with open(tmp, 'w') as f:
@@ -421,6 +427,19 @@ class Tuner:
                      + '): ' + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}'
                                          for k, v in best['params'].items()))
         return record
+
+    def mark_in_trackers(self, study, trials):
+        """Where the trials log to a tracker: each ended trial's state and objective on its runs (once each)."""
+        marked = self.__dict__.setdefault('_marked', set())         # (study, trial, state) done in this process
+        for t in trials:
+            key = (study.name, t['number'], t['state'])
+            if t['state'] not in ('complete', 'pruned', 'diverged') or key in marked:
+                continue
+            marked.add(key)
+            cell = study.cell(t['number'], t['params'])
+            if tracked(cell.stages[0].argv):
+                runs = [stage.run() for stage in cell.stages]
+                mark_trial([r for r in runs if isinstance(r, str)], t['state'], t['value'])
 
     def run(self, jobs, launch, poll_s=0.5):
         """Run trials ``jobs`` at a time until every study has spent its budget (``launch(cell)``: a

@@ -408,3 +408,34 @@ def take_steps(training, views, labels, ids, seed=None):
         else:
             loss, stats = training.step(views if training.supcon is not None else views[0], labels)
     return loss, stats, {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
+
+
+# ---------------------------------------------------------------- experiment trackers, read back as a user would
+def wandb_records(run_folder):
+    """``[(run id, [record, ...])]`` of every offline W&B run under ``run_folder``, read by W&B's own reader
+    (``wandb leet inspect --json``)."""
+    import glob
+    import json
+    out = []
+    for path in sorted(glob.glob(os.path.join(run_folder, 'wandb', 'offline-run-*', 'run-*.wandb'))):
+        text = subprocess.run([sys.executable, '-m', 'wandb', 'leet', 'inspect', '--json', path], check=True,
+                              capture_output=True, text=True, timeout=120).stdout
+        records = [json.loads(line) for line in text.splitlines() if line.startswith('{')]
+        run = next(r['run'] for r in records if r['type'] == 'run')
+        out.append((run['run_id'], records))
+    return out
+
+
+def wandb_history(records, key):
+    """``{step: value}`` of ``key`` in a W&B run's history records."""
+    return {r['history']['step']['num']: r['history']['item'][key] for r in records
+            if r['type'] == 'history' and key in r['history']['item']}
+
+
+def summary(records):
+    """A W&B run's summary: its summary records' updates, in order."""
+    out = {}
+    for r in records:
+        if r['type'] == 'summary':
+            out.update(r['summary'].get('update', {}))
+    return out

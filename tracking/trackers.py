@@ -142,20 +142,23 @@ def wandb_logged_in():
         return False
 
 
+def wandb_mode():
+    """``WANDB_MODE`` when set, else online for a user logged in, offline otherwise."""
+    return os.environ.get('WANDB_MODE') or ('online' if wandb_logged_in() else 'offline')
+
+
 class WandbRun:
     """One W&B run for a run folder: the same id across ``--resume`` (``<run>/trackers.json``)."""
 
     def __init__(self, folder, name, config, tags, project, group, resumed):
         import wandb
-        ids = _load_ids(folder)
-        run_id = ids.get('wandb') if resumed else None
-        run_id = run_id or uuid.uuid4().hex[:16]
-        mode = os.environ.get('WANDB_MODE') or ('online' if wandb_logged_in() else 'offline')
-        self.run = wandb.init(project=project, dir=folder, id=run_id, resume='allow', name=name, config=config,
-                              group=group, job_type=tags.get('job_type'), mode=mode,
+        entry = _load_ids(folder).get('wandb') if resumed else None
+        entry = entry or {'id': uuid.uuid4().hex[:16], 'project': project}
+        self.run = wandb.init(project=entry['project'], dir=folder, id=entry['id'], resume='allow', name=name,
+                              config=config, group=group, job_type=tags.get('job_type'), mode=wandb_mode(),
                               tags=[f'{k}={v}' for k, v in tags.items() if k != 'job_type'],
                               settings=wandb.Settings(silent=True))
-        _save_ids(folder, {**_load_ids(folder), 'wandb': run_id})
+        _save_ids(folder, {**_load_ids(folder), 'wandb': entry})
 
     def log(self, step, scalars):
         self.run.log(numbers(scalars), step=step)

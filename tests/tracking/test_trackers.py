@@ -9,38 +9,13 @@ import sys
 
 import pytest
 
-from helpers import FAST, assert_one_line_error, only_run_folder, run_script
+from helpers import FAST, assert_one_line_error, only_run_folder, run_script, summary, wandb_history, wandb_records
 
 wandb = pytest.importorskip('wandb', reason='the W&B tests need wandb (pip install -r requirements-trackers.txt)')
 mlflow = pytest.importorskip('mlflow', reason='the MLflow tests need mlflow (pip install -r requirements-trackers.txt)')
 pytest.importorskip('sqlalchemy', reason='MLflow\'s SQLite store needs sqlalchemy (requirements-trackers.txt)')
 
 CE = [*FAST, '--dataset', 'digits', '--model', 'resnet_tiny', '--learning_rate', '0.1']
-
-
-def wandb_records(run_folder):
-    """``[(run id, [record, ...])]`` of every offline W&B run under ``run_folder``, read by W&B's own reader."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(run_folder, 'wandb', 'offline-run-*', 'run-*.wandb'))):
-        text = subprocess.run([sys.executable, '-m', 'wandb', 'leet', 'inspect', '--json', path], check=True,
-                              capture_output=True, text=True, timeout=120).stdout
-        records = [json.loads(line) for line in text.splitlines() if line.startswith('{')]
-        run = next(r['run'] for r in records if r['type'] == 'run')
-        out.append((run['run_id'], records))
-    return out
-
-
-def history(records, key):
-    return {r['history']['step']['num']: r['history']['item'][key] for r in records
-            if r['type'] == 'history' and key in r['history']['item']}
-
-
-def summary(records):
-    out = {}
-    for r in records:
-        if r['type'] == 'summary':
-            out.update(r['summary'].get('update', {}))
-    return out
 
 
 @pytest.fixture
@@ -63,8 +38,8 @@ def test_a_run_and_its_resume_are_one_run_in_each_tracker_and_read_back_as_their
     assert os.path.isdir(os.path.join(folder, 'tensorboard'))
 
     runs = wandb_records(folder)
-    assert len(runs) == 2 and {run_id for run_id, _ in runs} == {ids['wandb']}
-    assert set(history(runs[0][1], 'train/loss')) | set(history(runs[1][1], 'train/loss')) == {1, 2}
+    assert len(runs) == 2 and {run_id for run_id, _ in runs} == {ids['wandb']['id']}
+    assert set(wandb_history(runs[0][1], 'train/loss')) | set(wandb_history(runs[1][1], 'train/loss')) == {1, 2}
     assert summary(runs[1][1])['final_test_acc'] == pytest.approx(results['final_test_acc'])
     run = next(r['run'] for r in runs[0][1] if r['type'] == 'run')
     assert run['config']['update']['learning_rate'] == 0.1
