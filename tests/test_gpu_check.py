@@ -49,7 +49,7 @@ def test_the_dry_run_passes_on_a_loaded_machine_and_says_what_needs_cuda(tmp_pat
     # the default plan: the environment and the throughput alone, then four process chains side by side
     with open(tmp_path / 'gpu_report.json') as f:
         meta = json.load(f)['meta']
-    assert meta['plan'] == {'alone': [[1], [4]], 'side_by_side': [[2], [3, 5], [6], [7]],
+    assert meta['plan'] == {'alone': [[1], [4], [8]], 'side_by_side': [[2], [3, 5], [6], [7]],
                             'chains': max(1, (os.cpu_count() or 1) // 2)}
     assert sorted(os.listdir(tmp_path)) == ['gpu_check.log', 'gpu_check_2.log', 'gpu_check_3-5.log',
                                             'gpu_check_6.log', 'gpu_check_7.log', 'gpu_report.json', 'gpu_report.md']
