@@ -12,10 +12,8 @@ TRACKED = ('wandb', 'mlflow')
 
 def tracked(argv):
     """The trackers besides TensorBoard that a command line's ``--tracker`` names (its last one), ``[]`` else."""
-    if '--tracker' not in argv:
-        return []
-    value = argv[len(argv) - 1 - argv[::-1].index('--tracker') + 1]
-    return [t for t in str(value).split(',') if t.strip() in TRACKED]
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == '--tracker']
+    return [t.strip() for t in str(values[-1]).split(',') if t.strip() in TRACKED] if values else []
 
 
 def store_uri(sweep_folder):
@@ -48,9 +46,9 @@ def cell_tags(method, axes, seed, job_type, **more):
 def mark_trial(stage_runs, state, objective):
     """A tuning trial's state (complete, pruned, diverged) and objective on its runs' tracker records (``stage_runs``:
     the run folders of its stages); each run marked once per state."""
-    from tracking.trackers import _load_ids, _save_ids, mlflow_client
+    from tracking.trackers import load_ids, mlflow_client, save_ids
     for folder in stage_runs:
-        ids = _load_ids(folder) if folder else {}
+        ids = load_ids(folder) if folder else {}
         if not ids or ids.get('trial_state') == state:
             continue
         values = {'trial_state': state, **({'objective': float(objective)} if objective is not None else {})}
@@ -64,7 +62,7 @@ def mark_trial(stage_runs, state, objective):
                 client.set_terminated(run_id, status='KILLED' if state == 'pruned' else 'FAILED')
         if ids.get('wandb'):
             _wandb_update(folder, ids['wandb'], values)
-        _save_ids(folder, {**_load_ids(folder), 'trial_state': state})
+        save_ids(folder, {**load_ids(folder), 'trial_state': state})
 
 
 def _wandb_update(folder, entry, summary, files=()):
@@ -87,8 +85,8 @@ def log_sweep(sweep, written):
     files = [p for n, p in written.items() if n.endswith(('.md', '.png')) and os.path.isfile(p)]
     if not used or not files:
         return
-    from tracking.trackers import _load_ids, _save_ids, mlflow_client, mlflow_experiment, mlflow_parent
-    ids = _load_ids(sweep.folder)
+    from tracking.trackers import load_ids, mlflow_client, mlflow_experiment, mlflow_parent, save_ids
+    ids = load_ids(sweep.folder)
     if 'mlflow' in used:
         uri = store_uri(sweep.folder)
         client = mlflow_client(uri)
@@ -108,4 +106,4 @@ def log_sweep(sweep, written):
             run.save(path, base_path=os.path.dirname(path), policy='now')
         run.finish()
         ids['wandb'] = entry
-    _save_ids(sweep.folder, ids)
+    save_ids(sweep.folder, ids)

@@ -118,7 +118,8 @@ def numbers(values):
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def _load_ids(folder):
+def load_ids(folder):
+    """``<folder>/trackers.json``: the tracker ids of a run (or a sweep), ``{}`` without it."""
     try:
         with open(os.path.join(folder, IDS_FILE)) as f:
             return json.load(f)
@@ -126,7 +127,8 @@ def _load_ids(folder):
         return {}
 
 
-def _save_ids(folder, ids):
+def save_ids(folder, ids):
+    """Write ``<folder>/trackers.json`` through a temporary file and a rename."""
     path = os.path.join(folder, IDS_FILE)
     with open(path + '.tmp', 'w') as f:
         json.dump(ids, f, indent=2)
@@ -152,13 +154,13 @@ class WandbRun:
 
     def __init__(self, folder, name, config, tags, project, group, resumed):
         import wandb
-        entry = _load_ids(folder).get('wandb') if resumed else None
+        entry = load_ids(folder).get('wandb') if resumed else None
         entry = entry or {'id': uuid.uuid4().hex[:16], 'project': project}
         self.run = wandb.init(project=entry['project'], dir=folder, id=entry['id'], resume='allow', name=name,
                               config=config, group=group, job_type=tags.get('job_type'), mode=wandb_mode(),
                               tags=[f'{k}={v}' for k, v in tags.items() if k != 'job_type'],
                               settings=wandb.Settings(silent=True))
-        _save_ids(folder, {**_load_ids(folder), 'wandb': entry})
+        save_ids(folder, {**load_ids(folder), 'wandb': entry})
 
     def log(self, step, scalars):
         self.run.log(numbers(scalars), step=step)
@@ -219,7 +221,7 @@ class MlflowRun:
     def __init__(self, folder, name, config, tags, project, group, uri, resumed):
         uri = mlflow_uri(folder, uri)
         self.client = client = mlflow_client(uri)
-        ids = _load_ids(folder).get('mlflow') or {}
+        ids = load_ids(folder).get('mlflow') or {}
         if resumed and ids.get('run_id') and ids.get('uri') == uri:
             self.run_id = ids['run_id']
             client.update_run(self.run_id, status='RUNNING')
@@ -233,7 +235,7 @@ class MlflowRun:
             params = [Param(k, _short(v)) for k, v in sorted(config.items())]
             for i in range(0, len(params), 100):
                 client.log_batch(self.run_id, params=params[i:i + 100])
-            _save_ids(folder, {**_load_ids(folder), 'mlflow': {'uri': uri, 'run_id': self.run_id}})
+            save_ids(folder, {**load_ids(folder), 'mlflow': {'uri': uri, 'run_id': self.run_id}})
 
     def log(self, step, scalars):
         import time
