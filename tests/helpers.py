@@ -4,6 +4,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -27,7 +28,22 @@ def script_env(**extra):
     count may round a convolution differently (the resume tests compare runs bit for bit)."""
     threads = '1' if 'PYTEST_XDIST_WORKER' in os.environ else '2'
     return {**os.environ, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', threads),
-            **extra}
+            'SCRIPT_SERVER_SOCKET': SERVER_SOCKET, 'SCRIPT_SERVER_PYTHON': sys.executable, **extra}
+
+
+# The interpreter for a script run in a subprocess of a test (``[script_python(), 'sweep.py', ...]``): the script is
+# forked from this worker's script server, and so is every script it starts in turn (tests/script_server.py, "The
+# scripts' own children"); ``-m`` and other arguments run the real interpreter.
+SERVER_SOCKET = os.path.join(tempfile.gettempdir(), f'suite_scripts_{os.getpid()}.sock')
+SHIM = os.path.join(ROOT, 'tests', 'python_shim')
+
+
+def script_python():
+    """:data:`SHIM`, with this worker's script server started (``SUITE_SUBPROCESS=1``: the real interpreter)."""
+    if os.environ.get('SUITE_SUBPROCESS') == '1':
+        return sys.executable
+    ForkedScript.start_server(script_env())
+    return SHIM
 
 
 def machine_slack():
@@ -87,13 +103,8 @@ class ForkedScript:
 
     def __init__(self, argv, env, sigint):
         import json
-        import tempfile
-        if ForkedScript.server is None or ForkedScript.server.poll() is not None:     # none yet, or it died
-            ForkedScript.server = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'script_server.py')],
-                                                   cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                                   env=env)
-            ForkedScript.running = None
-        elif ForkedScript.running is not None and ForkedScript.running.poll() is None:
+        if not ForkedScript.start_server(env) and ForkedScript.running is not None \
+                and ForkedScript.running.poll() is None:
             ForkedScript.running.send_signal(signal.SIGKILL)
             ForkedScript.running.poll(None)
         self.server, self.args, self.returncode = ForkedScript.server, [sys.executable, *argv], None
@@ -103,6 +114,21 @@ class ForkedScript:
         self.server.stdin.write((json.dumps(request) + '\n').encode())
         self.pid = int(self._line())
         ForkedScript.running = self
+
+    @staticmethod
+    def start_server(env):
+        """Start this worker's script server unless it runs; whether it was started now."""
+        if ForkedScript.server is not None and ForkedScript.server.poll() is None:
+            return False
+        ForkedScript.server = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'script_server.py')],
+                                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                               env=env)
+        ForkedScript.running = None
+        deadline = time.time() + 120
+        while not os.path.exists(env['SCRIPT_SERVER_SOCKET']) and ForkedScript.server.poll() is None \
+                and time.time() < deadline:         # listening before the first script may ask
+            time.sleep(0.02)
+        return True
 
     def _line(self):
         """One line of the server's answer, byte by byte (nothing read ahead, so ``select`` sees the next)."""

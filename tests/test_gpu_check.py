@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from benchmarks import gpu_check
-from helpers import ROOT, script_env
+from helpers import ROOT, script_env, script_python
 
 
 def dry_run(tmp_path, *args, env=None):
     proc = subprocess.run(['bash', 'scripts/gpu_check.sh', '--dry-run', '--out', str(tmp_path), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=900,
-                          env={**script_env(), 'PY': sys.executable, **(env or {})})     # one thread per process
+                          env={**script_env(), 'PY': script_python(), **(env or {})})    # one thread per process
     with open(tmp_path / 'gpu_report.json') as f:
         report = json.load(f)
     return proc, {s['key']: s for s in report['sections']}, (tmp_path / 'gpu_report.md').read_text()
@@ -25,9 +25,10 @@ def dry_run(tmp_path, *args, env=None):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU dry run (a GPU machine runs the real check)')
 def test_the_dry_run_passes_on_a_loaded_machine_and_says_what_needs_cuda(tmp_path):
-    """The dry run with its default budget and slack while another process eats a core (beside the suite's other
+    """The dry run with its default budget and slack while another process wants a core (beside the suite's other
     worker): its bounds follow the machine, and every section needs CUDA but the environment."""
-    burner = subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+    # niced: it raises the load the check reads as much as a busy core would, but yields the core to the suite
+    burner = subprocess.Popen([sys.executable, '-c', 'import os\nos.nice(19)\nwhile True: pass'])
     try:
         proc, sections, report = dry_run(tmp_path)
     finally:

@@ -15,7 +15,17 @@ import pytest
 import torch
 import yaml
 
-from helpers import ROOT, assert_one_line_error, load, make_fake_cifar, run_in_process, run_script, scaled, script_env
+from helpers import (
+    ROOT,
+    assert_one_line_error,
+    load,
+    make_fake_cifar,
+    run_in_process,
+    run_script,
+    scaled,
+    script_env,
+    script_python,
+)
 
 TINY = {'dataset': 'digits', 'batch_size': 128, 'num_workers': 0, 'print_freq': 1000, 'size': 8, 'augment': 'device',
         'device': 'cpu', 'cosine': True, 'epochs': 2}
@@ -46,7 +56,7 @@ def read_sweep(path, save):
 
 def sweep(*args, env=None, timeout=900):
     """``python sweep.py args`` in a process of its own (environment: the suite's, plus ``env``)."""
-    return subprocess.run([sys.executable, 'sweep.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([script_python(), 'sweep.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=scaled(timeout), env={**script_env(), **(env or {})})
 
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed.run
 import torch.multiprocessing as mp
 
 from helpers import (
@@ -20,6 +21,7 @@ from helpers import (
     read_metrics,
     scaled,
     script_env,
+    script_python,
     step_batch,
     take_steps,
 )
@@ -248,7 +250,7 @@ def test_processes_seeded_differently_train_one_model(tmp_path):
 
 def torchrun(script, *args, check=True):
     env = script_env(OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(WORLD),
+    cmd = [script_python(), torch.distributed.run.__file__, '--nproc_per_node', str(WORLD),     # its workers forked too
            '--master_port', str(free_port()), script, *map(str, args)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=scaled(600), env=env)
     if check:
