@@ -96,3 +96,10 @@ def slurm(tmp_path_factory):
     cluster = slurm_cluster.start(str(tmp_path_factory.mktemp('slurm')))
     yield cluster
     slurm_cluster.stop(cluster)
+
+
+def pytest_collection_modifyitems(items):
+    """The end-to-end tests (``slow``) first, each file's in its own order, the quick ones after: pytest-xdist hands
+    tests out in this order, so a run of a minute or more never starts last while the other worker has nothing left
+    (the folders are collected by name, and ``tests/training/``'s torchrun runs would come last)."""
+    items.sort(key=lambda item: item.get_closest_marker('slow') is None)

@@ -46,6 +46,14 @@ def script_python():
     return SHIM
 
 
+def own_process(script):
+    """``[python, ..., script]`` for a script that a test signals itself (SIGKILL included): a real interpreter
+    whose own children are forked (tests/with_shim.py); with ``SUITE_SUBPROCESS=1`` just the real interpreter."""
+    if script_python() == sys.executable:
+        return [sys.executable, script]
+    return [sys.executable, os.path.join(ROOT, 'tests', 'with_shim.py'), script]
+
+
 def machine_slack():
     """How much slower than an idle machine this one runs now: 1 plus its load per core (the 1-minute load average,
     read at each call), at least ``SUITE_SLACK`` where that is set (a machine known to be slow). The end-to-end

@@ -63,3 +63,49 @@ def test_time_limits_grow_with_the_machine_s_load(monkeypatch):
     assert helpers.scaled(600) == 1200
     monkeypatch.setenv('SUITE_SLACK', '3')
     assert helpers.scaled(600) == 1800
+
+
+def test_a_script_s_own_children_are_forked_and_behave_as_real_processes(tmp_path):
+    """A script started with ``sys.executable`` from a forked script goes through the shim and the stage server: its
+    argv, working folder, environment, stdin/stdout/stderr and exit status are its own; a signal sent to the client
+    reaches the script (and its death by that signal comes back); a client killed outright takes its script with it;
+    ``-m`` runs the real interpreter. The power check: the child is not a fresh interpreter (torch is already
+    imported when it starts)."""
+    child = write(tmp_path, 'child.py', '''
+        import os, sys, signal, time
+        print('child', sys.argv[1:], os.getcwd(), os.environ.get('PROBE'), 'torch' in sys.modules, flush=True)
+        print('line', sys.stdin.readline().strip(), file=sys.stderr, flush=True)
+        if sys.argv[1] == 'wait':
+            signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(7)))
+            open(sys.argv[2], 'w').close()
+            time.sleep(60)
+        sys.exit(4)
+    ''')
+    parent = write(tmp_path, 'parent.py', f'''
+        import os, signal, subprocess, sys, time
+        sys.stdout.reconfigure(line_buffering=True)
+        print('shim', sys.executable.endswith('python_shim'))
+        env = {{**os.environ, 'PROBE': 'given'}}
+        p = subprocess.run([sys.executable, {child!r}, 'x'], cwd={str(tmp_path)!r}, env=env, input='hello\\n',
+                           capture_output=True, text=True)
+        print('run', p.returncode, repr(p.stdout), repr(p.stderr))
+        flag = {str(tmp_path / 'up')!r}
+        for how in ('term', 'kill'):
+            if os.path.exists(flag):
+                os.unlink(flag)
+            q = subprocess.Popen([sys.executable, {child!r}, 'wait', flag], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            while not os.path.exists(flag):
+                time.sleep(0.02)
+            q.send_signal(signal.SIGTERM if how == 'term' else signal.SIGKILL)
+            out, _ = q.communicate(timeout=60)
+            print(how, q.returncode, repr(out.splitlines()[-1]))
+        m = subprocess.run([sys.executable, '-m', 'json.tool'], input='[1]', capture_output=True, text=True)
+        print('m', m.returncode, repr(m.stdout.strip()))
+    ''')
+    out = run_script(parent, timeout=120).stdout.splitlines()
+    assert out[0] == 'shim True'
+    assert out[1] == (f"run 4 \"child ['x'] {tmp_path} given True\\n\" 'line hello\\n'")
+    assert out[2] == "term 7 'got TERM'"
+    assert out[3] == f"kill {-signal.SIGKILL} 'got TERM'"     # the client died at once; its script got SIGTERM
+    assert out[4] == "m 0 '[\\n    1\\n]'"

@@ -20,6 +20,7 @@ from helpers import (
     assert_one_line_error,
     load,
     make_fake_cifar,
+    own_process,
     run_in_process,
     run_script,
     scaled,
@@ -446,7 +447,7 @@ def test_a_killed_sweep_called_again_loses_nothing_and_redoes_nothing(tmp_path):
     path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 4}, linear=None, compare=None,
                 methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}}, seeds=[0, 1, 2])
     folder = tmp_path / 'save' / 'sweeps' / 'mini'
-    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'save'),
+    proc = subprocess.Popen([*own_process('sweep.py'), str(path), '--save_folder', str(tmp_path / 'save'),
                              '--jobs', '1'], cwd=ROOT, env=script_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
@@ -543,7 +544,7 @@ def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
     stage from last.pth; it ends bit-equal to an uninterrupted run."""
     path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 5}, linear=None, compare=None,
                 methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}}, seeds=[0])
-    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
+    proc = subprocess.Popen([*own_process('sweep.py'), str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
         str, SLURM)], cwd=ROOT, env={**script_env(), **slurm.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     cell = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs' / 'SupCon' / 'seed_0'

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from test_sweep import SLURM, TINY, fake_run, sweep, write
 
-from helpers import ROOT, assert_one_line_error, make_fake_cifar, run_in_process, script_env
+from helpers import ROOT, assert_one_line_error, make_fake_cifar, own_process, run_in_process, script_env
 
 SPACE = {'learning_rate': {'low': 0.02, 'high': 1.0, 'log': True}, 'temp': {'low': 0.05, 'high': 0.5, 'log': True}}
 
@@ -274,7 +274,7 @@ def test_a_seeded_study_proposes_the_same_trials_again_even_after_kill_9(tmp_pat
     params = [[t['params'] for t in study(tmp_path / 'a' / 'sweeps' / 'ce', 'CE')['trials']]]
     assert len(params[0]) == 3 and params[0][0] != params[0][1]
     folder = tmp_path / 'k' / 'sweeps' / 'ce'
-    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'k'), '--jobs',
+    proc = subprocess.Popen([*own_process('sweep.py'), str(path), '--save_folder', str(tmp_path / 'k'), '--jobs',
                              '1'], cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     deadline = time.time() + 300
@@ -491,7 +491,7 @@ def test_confirmation_runs_count_in_the_budget_choose_by_the_mean_and_resume_wit
         'trials': 4, 'space': {'learning_rate': SPACE['learning_rate']}, 'val_split': 0.2, 'pruning': False,
         'confirm': {'top': 2, 'seeds': 1}})
     folder = tmp_path / 'save' / 'sweeps' / 'ce'
-    proc = subprocess.Popen([sys.executable, 'sweep.py', str(path), '--save_folder', str(tmp_path / 'save'), '--jobs',
+    proc = subprocess.Popen([*own_process('sweep.py'), str(path), '--save_folder', str(tmp_path / 'save'), '--jobs',
                              '1'], cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     deadline, confirm = time.time() + 600, folder / 'tune' / 'CE' / 'confirm'
