@@ -128,6 +128,8 @@ class ForkedScript:
         """Start this worker's script server unless it runs; whether it was started now."""
         if ForkedScript.server is not None and ForkedScript.server.poll() is None:
             return False
+        if os.path.exists(env['SCRIPT_SERVER_SOCKET']):     # a dead server's: the wait below is for the new one's
+            os.unlink(env['SCRIPT_SERVER_SOCKET'])
         ForkedScript.server = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'script_server.py')],
                                                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                                                env=env)

@@ -14,7 +14,11 @@ PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signa
 def main():
     sigint = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN     # ignored as inherited (a background job)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(os.environ['SCRIPT_SERVER_SOCKET'])
+    try:
+        conn.connect(os.environ['SCRIPT_SERVER_SOCKET'])
+    except OSError:                     # the server has ended (a socket file left behind): the real interpreter
+        python = os.environ['SCRIPT_SERVER_PYTHON']
+        os.execv(python, [python, *sys.argv[1:]])
     request = {'argv': sys.argv[1:], 'env': dict(os.environ), 'cwd': os.getcwd(),
                'sigint': sigint}
     socket.send_fds(conn, [(json.dumps(request) + '\n').encode()], [0, 1, 2])
