@@ -224,12 +224,14 @@ def test_every_method_gets_the_budget_and_the_cells_run_the_argmax(tuned_sweep):
 @pytest.mark.parametrize('floor', [0, 2])
 def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
     """A study whose earlier trial reported 100 % at every epoch: the next trial's first epoch is below it, successive
-    halving prunes it, and its run stops there (its metrics.csv ends long before --epochs 30). With the floor
-    ``min_complete: 2`` (one trial finished so far) the same trial is not pruned: it runs its 30 epochs."""
+    halving prunes it, and its run stops there (its metrics.csv ends long before --epochs 12, the rungs being at
+    epochs 1, 2, 4 and 8). With the floor ``min_complete: 2`` (one trial finished so far) the same trial is not pruned:
+    it runs its 12 epochs."""
     import optuna
     from optuna.distributions import FloatDistribution
     from optuna.storages.journal import JournalFileBackend
-    path = ce_only(tmp_path / 's.yaml', trials=2, epochs=30, tune={
+    epochs = 12
+    path = ce_only(tmp_path / 's.yaml', trials=2, epochs=epochs, tune={
         'trials': 2, 'space': {'learning_rate': SPACE['learning_rate']}, 'pruning': {'min_epochs': 1,
                                                                                      'reduction': 2,
                                                                                      'min_complete': floor}})
@@ -239,7 +241,7 @@ def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
     study_ = optuna.create_study(study_name='ce:CE', storage=storage, direction='maximize',
                                  pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
     trial = study_.ask({'learning_rate': FloatDistribution(0.02, 1.0, log=True)})
-    for epoch in range(1, 31):
+    for epoch in range(1, epochs + 1):
         trial.report(100.0, epoch)
         assert not trial.should_prune()          # the pruner records the rungs it passed
     study_.tell(trial, 100.0)
@@ -250,7 +252,7 @@ def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
         assert 'pruned: trial' not in out.stdout
         assert [t['state'] for t in study(folder, 'CE')['trials']] == ['complete'] * 2
         rows = next((folder / 'tune' / 'CE' / 'trial_1').rglob('metrics.csv')).read_text().splitlines()
-        assert len(rows) == 31
+        assert len(rows) == epochs + 1
         return
     assert 'pruned: trial 1 of CE after epoch' in out.stdout
     record = study(folder, 'CE')
@@ -258,7 +260,7 @@ def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
     cell = json.loads((folder / 'tune' / 'CE' / 'trial_1' / 'cell.json').read_text())
     assert cell['stages']['pretrain']['state'] == 'pruned'
     rows = next((folder / 'tune' / 'CE' / 'trial_1').rglob('metrics.csv')).read_text().splitlines()
-    assert 2 <= len(rows) < 10                  # a header and a few epochs, not 30
+    assert 2 <= len(rows) < 10                  # a header and a few epochs, not 12
     assert json.loads((folder / 'tune' / 'CE' / 'best.json').read_text())['trial'] == 0
     assert time.time() - started < 300
 

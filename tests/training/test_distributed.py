@@ -87,6 +87,7 @@ def _worker(rank, port, folder):
     dist.destroy_process_group()
 
 
+# The tests that read it share one xdist group: the two processes' steps run once, not once per pytest-xdist worker.
 @pytest.fixture(scope='module')
 def ranks(tmp_path_factory):
     folder = tmp_path_factory.mktemp('ddp')
@@ -94,6 +95,7 @@ def ranks(tmp_path_factory):
     return [torch.load(folder / f'rank{r}.pt', weights_only=True) for r in range(WORLD)]
 
 
+@pytest.mark.xdist_group('ddp_steps')
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_step_equals_one_process_on_the_concatenated_batch(ranks, case):
     single = one_step(case)
@@ -117,6 +119,7 @@ def test_step_equals_one_process_on_the_concatenated_batch(ranks, case):
                 torch.testing.assert_close(got['stats'][key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
+@pytest.mark.xdist_group('ddp_steps')
 @pytest.mark.parametrize('case', CHUNK_CASES)
 def test_chunks_of_half_the_batch_equal_two_processes_in_train_mode(ranks, case):
     """--chunk_size b/2 in one process normalizes each half of the batch by its own BatchNorm statistics,
@@ -131,6 +134,7 @@ def test_chunks_of_half_the_batch_equal_two_processes_in_train_mode(ranks, case)
     assert any(not torch.allclose(plain['grads'][n], g, rtol=1e-5, atol=1e-6) for n, g in single['grads'].items())
 
 
+@pytest.mark.xdist_group('ddp_steps')
 @pytest.mark.parametrize('case', CHUNK_CASES)
 def test_chunks_under_torchrun_equal_one_process(ranks, case):
     """Gradient caching inside each process (chunks of 3 of the local 8 samples), BatchNorm in eval mode:
@@ -142,6 +146,7 @@ def test_chunks_under_torchrun_equal_one_process(ranks, case):
                                        msg=f'{case} {name}')
 
 
+@pytest.mark.xdist_group('ddp_steps')
 @pytest.mark.parametrize('case', [c for c in CASES if 'queue' in c])
 def test_queues_identical_on_every_rank(ranks, case):
     """After the step(s) every process holds the same queue as one process on the concatenated batch."""
@@ -152,6 +157,7 @@ def test_queues_identical_on_every_rank(ranks, case):
     assert int(single['queue']['ptr']) == (40 + BSZ * (2 if case.startswith('RASCAL') else 1)) % 64   # wraps
 
 
+@pytest.mark.xdist_group('ddp_steps')
 def test_rascal_caches_identical_on_every_rank(ranks):
     single = one_step('RASCAL')
     assert single['stats']['rascal/cache_hit_rate'] == 1.0     # the compared step had a warm cache
