@@ -19,7 +19,8 @@ machine (their timings must not share it), then the correctness sections side by
 section ends, in section order.
 
 1. environment: GPU, memory, driver, versions, commit (``GPU_CHECK_COMMIT`` where the tree has no ``.git``), date;
-2. ``pytest -m cuda``: counts, and each failure's last lines;
+2. ``pytest -m cuda`` on the test files that mark a test ``cuda`` (found by their text, not by importing the whole
+   suite): counts, and each failure's last lines;
 3. host synchronizations per iteration of whole training loops under ``torch.cuda.set_sync_debug_mode``
    (``benchmarks/loop_syncs.py``), by mode, with the line where each fires;
 4. ``benchmarks/gpu_throughput.py --compile``: images/s of ours, the baseline and the bound against the targets,
@@ -174,12 +175,25 @@ def section_environment(ctx):
 
 
 # ---------------------------------------------------------------- 2. pytest -m cuda
+def cuda_test_files():
+    """The test files that mark a test ``cuda`` (``mark.cuda`` in their text), relative to the repository: what
+    ``pytest -m cuda`` selects from, without importing the whole suite to find them (``['tests']`` if none does)."""
+    found = []
+    for folder, _, files in os.walk(os.path.join(ROOT, 'tests')):
+        for name in sorted(files):
+            if name.startswith('test_') and name.endswith('.py'):
+                with open(os.path.join(folder, name), encoding='utf-8') as f:
+                    if re.search(r'\bmark\.cuda\b', f.read()):
+                        found.append(os.path.relpath(os.path.join(folder, name), ROOT))
+    return sorted(found) or ['tests']
+
+
 def section_cuda_tests(ctx):
     import xml.etree.ElementTree as ET
     junit = os.path.join(ctx.work, 'junit.xml')
     workers = ['-n', '0'] if not ctx.cuda else ['-n', str(min(8, os.cpu_count() or 1))]
     code, out = run([PY, '-m', 'pytest', '-m', 'cuda', '-q', '-p', 'no:cacheprovider', *workers,
-                     f'--junitxml={junit}', 'tests'], ctx.log, ctx.left(10))
+                     f'--junitxml={junit}', *cuda_test_files()], ctx.log, ctx.left(10))
     if code == 'timed out' or not os.path.isfile(junit):
         return outcome(ctx, False, f'pytest {"timed out" if code == "timed out" else "wrote no report"}:\n\n'
                                    f'```\n{tail(out, 25)}\n```')

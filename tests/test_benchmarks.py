@@ -1,11 +1,7 @@
 """The benchmark scripts run (tiny settings): they are not timed tests, but they must not rot."""
-import os
-import subprocess
-import sys
-
 import pytest
 
-from helpers import ROOT, scaled, script_env
+from helpers import run_script
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +24,7 @@ RUNS = {
 
 @pytest.mark.parametrize('name', sorted(RUNS))
 def test_benchmark_runs(name):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', f'{name}.py'), *RUNS[name]], cwd=ROOT,
-                          capture_output=True, text=True, timeout=scaled(600), env=script_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_script(f'benchmarks/{name}.py', *RUNS[name])
     assert proc.stdout.strip()
 
 

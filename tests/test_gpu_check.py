@@ -66,7 +66,7 @@ def test_the_dry_run_passes_on_a_loaded_machine_and_says_what_needs_cuda(tmp_pat
 @pytest.mark.slow
 @pytest.mark.parametrize('how,status', [('fail', 'failed'), ('hang', 'timed out')])
 def test_a_failing_or_hanging_section_is_recorded_and_the_next_runs(tmp_path, how, status):
-    budget = '30' if how == 'hang' else '200'     # the hanging section is stopped at the budget
+    budget = '16' if how == 'hang' else '200'     # the hanging section is stopped at the budget (a section needs 10 s)
     proc, sections, report = dry_run(tmp_path, '--sections', '2', '--budget', budget,
                                      env={'GPU_CHECK_SABOTAGE': f'environment:{how}'})
     assert proc.returncode == 1
@@ -77,6 +77,16 @@ def test_a_failing_or_hanging_section_is_recorded_and_the_next_runs(tmp_path, ho
     else:
         assert all(s['status'] == 'skipped: out of time' for k, s in sections.items() if k != 'environment')
     assert f'1. Environment: {status}' in report
+
+
+def test_the_cuda_section_runs_every_file_that_marks_a_test_cuda(request):
+    """Section 2 runs ``pytest -m cuda`` on the files whose text marks a test ``cuda``: every such test this session
+    collected is in one of them (the whole suite's, when the suite runs)."""
+    files = gpu_check.cuda_test_files()
+    assert 'tests/test_cuda.py' in files and all(os.path.isfile(os.path.join(ROOT, f)) for f in files)
+    marked = {os.path.relpath(str(item.path), ROOT) for item in request.session.items
+              if item.get_closest_marker('cuda')}
+    assert marked <= set(files), marked - set(files)
 
 
 def assert_one_line(proc, *words):

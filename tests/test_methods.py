@@ -1,14 +1,13 @@
 """methods.py: the registry of contrastive methods. A toy method registered from outside the repository's
 files trains through the real main_supcon.py, so docs/DEVELOPING.md's "Adding a method" stays true."""
 import os
-import subprocess
 import sys
 
 import pytest
 
 from config.options import parse_option
 from core.flags import UserError
-from helpers import FAST, ROOT, load, only_run_folder, read_metrics, scaled, script_env
+from helpers import FAST, load, only_run_folder, read_metrics, run_script
 from methods import METHODS, Method, register
 
 TOY = '''
@@ -46,13 +45,15 @@ register(Method('Toy', build=lambda toy_weight: ToyLoss(toy_weight), uses_labels
 def test_a_registered_method_trains_through_the_real_script(tmp_path):
     (tmp_path / 'toy_method.py').write_text(TOY)
     # the plug-in registers on import, then main_supcon.py runs as a script (not imported)
-    code = ('import runpy, sys; import toy_method; sys.argv = ["main_supcon.py"] + sys.argv[1:]; '
-            'runpy.run_path("main_supcon.py", run_name="__main__")')
+    (tmp_path / 'with_toy.py').write_text(
+        'import os, runpy, sys\n'
+        'sys.path.insert(1, os.getcwd())             # the repository (the working folder)\n'
+        'import toy_method  # noqa: F401            (beside this file)\n'
+        'sys.argv = ["main_supcon.py"] + sys.argv[1:]\n'
+        'runpy.run_path("main_supcon.py", run_name="__main__")\n')
     args = ['--method', 'Toy', '--toy_weight', '2', '--epochs', '1', '--save_folder', str(tmp_path / 'runs'),
             *map(str, FAST)]
-    env = script_env(PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
-    proc = subprocess.run([sys.executable, '-c', code, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=scaled(600), env=env)
+    proc = run_script(tmp_path / 'with_toy.py', *args, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run_folder(tmp_path / 'runs')
     assert os.path.basename(run).startswith('Toy_digits_resnet_tiny')
@@ -62,8 +63,7 @@ def test_a_registered_method_trains_through_the_real_script(tmp_path):
     assert int(ckpt['extra']['criterion']['calls']) == 12      # its state travels in checkpoints: 1437 / 128
     assert ckpt['config']['toy_weight'] == 2.0
     # a flag of another method is refused
-    bad = subprocess.run([sys.executable, '-c', code, '--method', 'SupCon', '--toy_weight', '1'], cwd=ROOT,
-                         capture_output=True, text=True, timeout=scaled(600), env=env)
+    bad = run_script(tmp_path / 'with_toy.py', '--method', 'SupCon', '--toy_weight', '1', check=False)
     assert bad.returncode == 2 and '--toy_weight needs --method Toy' in bad.stderr
 
 

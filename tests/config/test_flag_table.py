@@ -1,10 +1,7 @@
 """flag_table.py: docs/USAGE.md's flag table is the three parsers' (every flag, the scripts that have it, its default
 per script, its help line), and a stale table fails the suite naming the command that refreshes it."""
-import subprocess
-import sys
-
 from config import flag_table
-from helpers import ROOT
+from helpers import run_script
 
 
 def test_the_usage_flag_table_is_the_parsers():
@@ -33,9 +30,7 @@ def test_check_names_the_command_when_the_file_is_stale(tmp_path):
         text = f.read()
     stale = tmp_path / 'USAGE.md'
     stale.write_text(text.replace('| id for recording multiple runs |', '| an old help line |'))
-    check = subprocess.run([sys.executable, 'config/flag_table.py', '--check', '--file', str(stale)], cwd=ROOT,
-                           capture_output=True, text=True)
+    check = run_script('config/flag_table.py', '--check', '--file', stale, check=False)
     assert check.returncode == 1 and 'run python config/flag_table.py' in check.stderr
-    subprocess.run([sys.executable, 'config/flag_table.py', '--file', str(stale)], cwd=ROOT, check=True,
-                   capture_output=True)
+    run_script('config/flag_table.py', '--file', stale)
     assert stale.read_text() == text

@@ -5,7 +5,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -21,7 +20,9 @@ from helpers import (
     run_script,
     scaled,
     script_env,
+    script_python,
     signal_after_first_checkpoint,
+    start_script,
 )
 
 
@@ -154,15 +155,17 @@ def test_unwritable_save_folder_fails_before_any_data(tmp_path, folder):
 
 DISK_FULL_FROM = '''
 import os, runpy, sys, tempfile
+from_save = int(sys.argv.pop(1))
 real_mkstemp, calls = tempfile.mkstemp, {'n': 0}
 def mkstemp(*args, **kwargs):        # checkpoint.save_checkpoint's temporary file
     calls['n'] += 1
     fd, path = real_mkstemp(*args, **kwargs)
-    if calls['n'] >= int(os.environ['DISK_FULL_FROM']):   # from this save on, writes go to /dev/full: ENOSPC
+    if calls['n'] >= from_save:      # from this save on, writes go to /dev/full: ENOSPC
         os.close(fd)
         fd = os.open('/dev/full', os.O_WRONLY)
     return fd, path
 tempfile.mkstemp = mkstemp
+sys.path[0] = os.getcwd()            # the repository, as for main_supcon.py itself
 sys.argv = ['main_supcon.py'] + sys.argv[1:]
 runpy.run_path('main_supcon.py', run_name='__main__')
 '''
@@ -171,10 +174,9 @@ runpy.run_path('main_supcon.py', run_name='__main__')
 def run_with_full_disk(from_save, tmp_path, epochs=3):
     """main_supcon.py on digits whose checkpoint writes fail with a real ENOSPC from the kernel (/dev/full)
     from the ``from_save``-th checkpoint on."""
-    return subprocess.run([sys.executable, '-c', DISK_FULL_FROM,
-                           *map(str, ['--epochs', epochs, *FAST, '--save_folder', tmp_path])],
-                          cwd=ROOT, capture_output=True, text=True, timeout=scaled(600),
-                          env=script_env(PYTHONPATH=ROOT, DISK_FULL_FROM=str(from_save)))
+    script = tmp_path / 'disk_full.py'
+    script.write_text(DISK_FULL_FROM)
+    return run_script(script, from_save, '--epochs', epochs, *FAST, '--save_folder', tmp_path / 'runs', check=False)
 
 
 @pytest.mark.skipif(not os.path.exists('/dev/full'), reason='needs /dev/full')
@@ -318,8 +320,8 @@ def json_of(path):
 def test_two_runs_started_at_once_on_one_folder(tmp_path):
     """The same command started twice at once: one run trains, the other stops with one line
     (the folder is in use, or, if the first finished already, holds a run); one TensorBoard file."""
-    cmd = [sys.executable, os.path.join(ROOT, 'main_supcon.py'), *map(str, [*SMALL, '--epochs', 2,
-                                                                           '--save_folder', tmp_path])]
+    cmd = [script_python(), os.path.join(ROOT, 'main_supcon.py'), *map(str, [*SMALL, '--epochs', 2,
+                                                                            '--save_folder', tmp_path])]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=script_env()) for _ in range(2)]
     done = [(p.wait(timeout=scaled(600)), p.stderr.read()) for p in procs]
@@ -349,8 +351,7 @@ def test_a_burst_of_sigterms_gives_one_line(tmp_path):
     """Many SIGTERMs in a row (a cluster's scheduler, a shell loop) while the run winds down
     and writes: one line on stderr, however many signals, and the checkpoint intact."""
     args = ['--epochs', 50, *FAST, '--save_folder', tmp_path]
-    cmd = [sys.executable, os.path.join(ROOT, 'main_ce.py'), *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env())
+    proc = start_script('main_ce.py', args)
     deadline, last = time.time() + 300, None
     while time.time() < deadline and proc.poll() is None and last is None:
         last = next((os.path.join(d, 'last.pth') for d, _, fs in os.walk(tmp_path) if 'last.pth' in fs), None)
