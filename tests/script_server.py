@@ -40,6 +40,12 @@ import torchvision.datasets  # noqa: E402,F401
 import torchvision.transforms  # noqa: E402,F401
 import tqdm  # noqa: E402,F401
 
+for optional in ('mlflow', 'wandb'):      # the trackers (requirements-trackers.txt), where installed
+    try:
+        __import__(optional)
+    except ImportError:
+        pass
+
 SHIM = os.path.join(ROOT, 'tests', 'python_shim')
 
 

@@ -178,13 +178,14 @@ FIELD = field()
 
 @pytest.mark.parametrize('method', list(FIELD))
 def test_field_method_trains_resumes_exactly_and_evaluates(method, tmp_path):
-    """2 epochs through main_supcon.py; epoch 1's checkpoint, copied into a fresh folder and resumed, reaches the
+    """2 epochs through main_supcon.py (device augmentation); epoch 1's checkpoint, copied into a fresh folder and
+    resumed, reaches the
     same weights bit for bit (and KCL's draw count); then main_linear.py evaluates the encoder."""
     import shutil
 
     import torch
     args = ['--method', method, *FIELD[method], '--size', 8, '--batch_size', 256, '--save_freq', 1,
-            '--num_workers', 0, '--print_freq', 1000, '--device', 'cpu']
+            '--num_workers', 0, '--print_freq', 1000, '--device', 'cpu', '--augment', 'device']
     run_script('main_supcon.py', *args, '--epochs', 2, '--save_folder', tmp_path / 'a')
     run = only_run_folder(tmp_path / 'a')
     assert os.path.basename(run).startswith(method)

@@ -481,11 +481,11 @@ def test_a_killed_sweep_called_again_loses_nothing_and_redoes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_a_cell_of_the_ablation_equals_the_old_scripts_run(tmp_path):
-    """sweeps/ablation_digits.yaml (2 epochs, 1 linear epoch here) runs a cell with exactly the flags
+    """sweeps/ablation_digits.yaml (1 epoch, 1 linear epoch here) runs a cell with exactly the flags
     scripts/ablation_digits.sh gave it: digits_run's common flags, the method's, --label_granularity, --epochs and
     the learning rate and temperature; then linear evaluation. Both stages are bit-equal (CPU, one thread)."""
     spec = yaml.safe_load((pathlib.Path(ROOT) / 'sweeps' / 'ablation_digits.yaml').read_text())
-    spec['base']['epochs'] = 2
+    spec['base']['epochs'] = 1
     spec['linear']['epochs'] = 1
     path = write(tmp_path / 'ablation.yaml', **spec)
     out = sweep(path, '--save_folder', tmp_path / 'save', '--only', 'RASCAL-current setting=coarse-to-fine seed 1')
@@ -495,7 +495,7 @@ def test_a_cell_of_the_ablation_equals_the_old_scripts_run(tmp_path):
     common = ['--dataset', 'digits', '--batch_size', 128, '--cosine', '--num_workers', 0, '--seed', 1,
               '--print_freq', 1000]
     run_script('main_supcon.py', *common, '--save_folder', old / 'pretrain', '--method', 'RASCAL',
-               '--rascal_weighting', 'current', '--label_granularity', 'coarse', '--epochs', 2, '--learning_rate', 0.2,
+               '--rascal_weighting', 'current', '--label_granularity', 'coarse', '--epochs', 1, '--learning_rate', 0.2,
                '--temp', 0.1)
     ckpt = os.path.join(run_folder(old / 'pretrain'), 'last.pth')
     run_script('main_linear.py', *common, '--epochs', 1, '--learning_rate', 1, '--ckpt', ckpt, '--save_folder',
@@ -584,7 +584,7 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
     assert ckpt['config']['world_size'] == 2
     command = json.loads((cell / 'cell.json').read_text())['stages']['pretrain']['command'][1:]
     command[command.index('--save_folder') + 1] = str(tmp_path / 'torchrun')
-    subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2', *command],
+    subprocess.run([script_python(), '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2', *command],
                    cwd=ROOT, env=script_env(), check=True, capture_output=True, timeout=scaled(300))
     assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'),
                             os.path.join(run_folder(tmp_path / 'torchrun'), 'last.pth'))
