@@ -103,3 +103,4 @@ def pytest_collection_modifyitems(items):
     tests out in this order, so a run of a minute or more never starts last while the other worker has nothing left
     (the folders are collected by name, and ``tests/training/``'s torchrun runs would come last)."""
     items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+

@@ -87,11 +87,18 @@ def _worker(rank, port, folder):
     dist.destroy_process_group()
 
 
-# The tests that read it share one xdist group: the two processes' steps run once, not once per pytest-xdist worker.
-@pytest.fixture(scope='module')
+def two_processes(fn, *args):
+    """``fn(rank, *args)`` in two processes forked from this one (its imports theirs: no interpreter start and torch
+    import each, as ``mp.spawn`` would pay), waited for."""
+    mp.start_processes(fn, args=args, nprocs=WORLD, join=True, start_method='fork')
+
+
+# Once per session (a module's fixture was set up again after pytest-xdist's teardown between its tests), and the
+# tests that read it share one xdist group: one pytest-xdist worker runs the two processes' steps, once.
+@pytest.fixture(scope='session')
 def ranks(tmp_path_factory):
     folder = tmp_path_factory.mktemp('ddp')
-    mp.spawn(_worker, args=(free_port(), str(folder)), nprocs=WORLD, join=True)
+    two_processes(_worker, free_port(), str(folder))
     return [torch.load(folder / f'rank{r}.pt', weights_only=True) for r in range(WORLD)]
 
 
@@ -229,7 +236,7 @@ def _seeded_worker(rank, port, folder, broadcast):
 
 def seeded_ranks(folder, broadcast=True):
     os.makedirs(folder)
-    mp.spawn(_seeded_worker, args=(free_port(), str(folder), broadcast), nprocs=WORLD, join=True)
+    two_processes(_seeded_worker, free_port(), str(folder), broadcast)
     return [torch.load(os.path.join(folder, f'rank{r}.pt'), weights_only=True) for r in range(WORLD)]
 
 
