@@ -1,6 +1,6 @@
 """tests/conftest.py's groups: under pytest-xdist's ``--dist loadgroup`` a test with an ``xdist_group`` mark carries
 ``@<group>`` in its id on the worker, which is what the scheduler sends to one worker (a shared run trained once,
-one SLURM cluster). Under pytest 9.2 the id no longer changes (pytest-xdist issue 1386) and the groups are spread
+one SLURM cluster). Under pytest 9.2 the id no longer changes (pytest-dev/pytest-xdist#1386) and the groups are spread
 over the workers without a word: this test says so instead (requirements.txt keeps pytest below 9.2)."""
 import os
 

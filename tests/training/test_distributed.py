@@ -367,7 +367,8 @@ def test_a_dead_peer_gives_the_survivor_one_line(tmp_path):
     env = script_env(OMP_NUM_THREADS='1')
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(free_port()),
            'main_supcon.py', *map(str, ['--epochs', 50, '--batch_size', 64, '--num_workers', 0, '--print_freq', 1000,
-                                        '--device', 'cpu', '--size', 8, '--save_folder', tmp_path])]
+                                        '--device', 'cpu', '--size', 8, '--augment', 'device',
+                                        '--save_folder', tmp_path])]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline, victim = time.time() + 300, None
     while time.time() < deadline and proc.poll() is None:

@@ -81,10 +81,10 @@ def test_the_demo_runs_and_stays_silent(tmp_path):
     accuracy, with no warning. (The full demo, 30 + 10 epochs, printed none either: docs/results.md, "The demo".)"""
     import subprocess
 
-    from helpers import ROOT, script_env
+    from helpers import ROOT, script_env, script_python
     proc = subprocess.run(['bash', 'scripts/demo.sh', '0'], cwd=ROOT, capture_output=True, text=True,
-                          timeout=scaled(900),
-                          env=script_env(PRETRAIN_EPOCHS='2', LINEAR_EPOCHS='1', DEMO_OUT=str(tmp_path)))
+                          timeout=scaled(900), env=script_env(PRETRAIN_EPOCHS='2', LINEAR_EPOCHS='1',
+                                                              DEMO_OUT=str(tmp_path), PY=script_python()))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'warning:' not in proc.stdout and 'warning:' not in proc.stderr
     assert proc.stdout.strip().splitlines()[-1].startswith('digits test accuracy')
