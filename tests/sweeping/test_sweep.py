@@ -444,7 +444,7 @@ def script_pids(folder):
 def test_a_killed_sweep_called_again_loses_nothing_and_redoes_nothing(tmp_path):
     """SIGTERM, then SIGKILL, while a cell is mid-run: no script is left running, and the next call finishes every
     cell, runs no finished stage again, and the killed cell ends bit-equal to an uninterrupted run."""
-    path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 4}, linear=None, compare=None,
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 3}, linear=None, compare=None,
                 methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}}, seeds=[0, 1, 2])
     folder = tmp_path / 'save' / 'sweeps' / 'mini'
     proc = subprocess.Popen([*own_process('sweep.py'), str(path), '--save_folder', str(tmp_path / 'save'),

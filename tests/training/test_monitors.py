@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from helpers import CPU_AUGMENT, FAST, only_run_folder, read_metrics, run_script, scaled, unit
+from helpers import FAST, only_run_folder, read_metrics, run_script, scaled, unit
 from training.monitors import CollapseWatch, collapse_statistics, rankme
 
 
@@ -63,8 +63,7 @@ def test_watch_fires_once_on_collapse_and_never_on_healthy_runs():
 def test_warning_on_a_collapsed_run_and_statistics_in_metrics(tmp_path):
     """Uncapped balanced CARROT with a large learning rate collapses within two epochs on digits."""
     out = run_script('main_supcon.py', '--carrot', '--carrot_alpha_max', 'inf', '--learning_rate', 0.2,
-                     '--temp', 0.1, '--cosine', '--epochs', 3, '--save_folder', tmp_path, *FAST, *CPU_AUGMENT,
-                     '--size', 16)
+                     '--temp', 0.1, '--cosine', '--epochs', 3, '--save_folder', tmp_path, *FAST, '--size', 16)
     warnings = [line for line in out.stdout.splitlines() if line.startswith('warning:')]
     assert len(warnings) == 1 and 'collapsed' in warnings[0], out.stdout[-2000:]
     run = only_run_folder(tmp_path)
