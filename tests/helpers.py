@@ -33,8 +33,7 @@ def script_env(**extra):
 
 # The interpreter for a script run in a subprocess of a test (``[script_python(), 'sweep.py', ...]``): the script is
 # forked from this worker's script server, and so is every script it starts in turn (tests/script_server.py, "The
-# scripts' own children"); ``-m <module>`` runs the real interpreter, whose own scripts are forked too, and other
-# arguments the real interpreter.
+# scripts' own children"); ``-m`` and other arguments run the real interpreter.
 SERVER_SOCKET = os.path.join(tempfile.gettempdir(), f'suite_scripts_{os.getpid()}.sock')
 SHIM = os.path.join(ROOT, 'tests', 'python_shim')
 

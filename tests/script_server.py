@@ -13,9 +13,7 @@ stdin, stdout and stderr themselves) to this server's stage server over a Unix s
 and waits, passing on the signals it gets; a supervisor forked for that request forks the script the same way, and
 answers the client with the child's pid and then its status, which the client exits with (a death by signal as
 that signal). A client that dies (SIGKILL) takes its script with it (SIGTERM, as a sweep's stages get when the
-sweep dies). ``<shim> -m <module> args`` (a SLURM job's ``-m submitit.core._submit``) runs the real interpreter,
-through tests/with_shim.py: the process a SLURM daemon tracks is the module's own, and the scripts it starts come back
-here. Anything else, or no server, runs the real interpreter."""
+sweep dies). Anything else (``<shim> -m ...``, no server) runs the real interpreter."""
 import json
 import os
 import sys
