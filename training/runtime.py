@@ -267,13 +267,27 @@ def keep_compiled_shapes():
         torch.compiler.set_stance('eager_on_recompile')
 
 
+def _check_compile(compile, compile_backend, given):
+    check(compile != 'auto', '--compile takes on or off, not auto')
+    if compile_backend != 'inductor':          # (listing the backends imports the compiler: only when asked)
+        backends = torch.compiler.list_backends(exclude_tags=())
+        check(compile_backend in backends, f'--compile_backend {compile_backend} is not a torch.compile backend: '
+                                           'inductor, aot_eager or eager (torch.compiler.list_backends(exclude_tags='
+                                           '()) lists them all)')
+    check(compile or 'compile_backend' not in given, '--compile_backend needs --compile')
+
+
 COMPILE = Feature(
-    'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile',),
+    'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile', 'compile_backend'),
     flags={'--compile': dict(type=on_off_auto, nargs='?', const=True, default=False,
                              help='torch.compile the encoder and heads: on (the flag alone) or off (the first steps '
                                   'compile; checkpoints load with or without it; the CIFAR recipes turn it on, '
-                                  '--compile off turns it off again)')},
-    check=lambda compile: check(compile != 'auto', '--compile takes on or off, not auto'))
+                                  '--compile off turns it off again)'),
+           '--compile_backend': dict(type=str, default='inductor',
+                                     help="torch.compile's backend: inductor (generates kernels), or aot_eager / "
+                                          'eager (the same graphs without code generation: to tell a compiler '
+                                          'problem from a model one, and compile in seconds on a CPU)')},
+    check=_check_compile)
 
 
 def set_deterministic(enabled):

@@ -98,7 +98,8 @@ class Pretraining:
         # a copy of the model as it starts (rank 0's), before --syncBN converts its BatchNorm: the key encoder's
         # statistics stay its own (shuffled BatchNorm, docs/QUEUE.md)
         self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
-        compile_modules(opt.compile, self.model.encoder, self.model.head)     # after the key encoder's copy
+        compile_modules(opt.compile, self.model.encoder, self.model.head,      # after the key encoder's copy
+                        backend=opt.compile_backend)
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
@@ -268,7 +269,7 @@ class CETraining:
                                 feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size, model_args=opt.model_args)
         self.model = runtime.prepare_model(model)
         broadcast_state(self.model)                      # under torchrun every process starts from rank 0's
-        compile_modules(opt.compile, *self.model.children())
+        compile_modules(opt.compile, *self.model.children(), backend=opt.compile_backend)
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
 

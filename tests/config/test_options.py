@@ -182,6 +182,10 @@ BAD = {
     'queue_with_margin_triplet': (['main_supcon.py', '--queue_size', 1024, '--simclr_loss', 'margin_triplet'],
                                   ['--queue_size needs --simclr_loss ntxent']),
     'chunk_larger_than_batch': (['main_ce.py', '--chunk_size', 300, '--batch_size', 256], ['--chunk_size', '256']),
+    'compile_backend_unknown': (['main_supcon.py', '--compile', '--compile_backend', 'nope'],
+                                ['--compile_backend nope', 'aot_eager']),
+    'compile_backend_without_compile': (['main_ce.py', '--compile_backend', 'eager'],
+                                        ['--compile_backend needs --compile']),
 }
 
 
