@@ -17,10 +17,15 @@ else
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         echo "installing requirements.txt into .venv (about 5 GB, once)" >&2
         "$PY" -m pip install -q -r "$ROOT/requirements.txt" || { echo "error: pip install -r requirements.txt failed" >&2; exit 1; }
+        "$PY" -c "import torch, torchvision, sklearn, tensorboard, tqdm" || {     # once, after an install
+            echo "error: torch/torchvision/sklearn/tensorboard/tqdm do not import in $PY; see requirements.txt" >&2; exit 1; }
         echo "$want" > "$stamp"
     fi
 fi
-"$PY" -c "import torch, torchvision, sklearn, tensorboard, tqdm" || {
-    echo "error: torch/torchvision/sklearn/tensorboard/tqdm do not import in $PY; see requirements.txt" >&2; exit 1; }
+# each call: the packages are there (found, not imported: importing torch and torchvision costs seconds of CPU)
+"$PY" -c "import importlib.util as u, sys
+missing = [m for m in ('torch', 'torchvision', 'sklearn', 'tensorboard', 'tqdm') if u.find_spec(m) is None]
+sys.exit(f'error: {\", \".join(missing)} not installed in {sys.executable}; see requirements.txt' if missing else 0)" \
+    || exit 1
 export PYTHONUNBUFFERED=1
 cd "$ROOT"

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed.run
 import yaml
 
 from helpers import (
@@ -517,17 +518,18 @@ SLURM = ['--launcher', 'slurm', '--poll_s', '0.5', '--time_min', 10]
 @pytest.mark.slow
 @pytest.mark.xdist_group('slurm')
 def test_a_sweep_through_slurm_equals_the_local_one(slurm, tmp_path):
-    """A 2 x 2 sweep (2 methods, 2 seeds) through --launcher slurm: one job per cell, every stage's checkpoint and
-    result equal to --launcher local's."""
-    path = mini(tmp_path / 's.yaml')
+    """A sweep of 2 methods (SupCon with its linear evaluation, CE) through --launcher slurm: one job per cell, every
+    stage's checkpoint and result equal to --launcher local's. (One seed: a job's stages start fresh interpreters,
+    about 7 CPU-seconds of imports each.)"""
+    path = mini(tmp_path / 's.yaml', seeds=[0])
     via_slurm = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, env=slurm.env)
     assert via_slurm.returncode == 0, via_slurm.stdout[-3000:] + via_slurm.stderr[-3000:]
-    assert 'submitted 4 SLURM jobs' in via_slurm.stdout
+    assert 'submitted 2 SLURM jobs' in via_slurm.stdout
     local = sweep(path, '--save_folder', tmp_path / 'local', '--jobs', 2)
     assert local.returncode == 0
     runs = lambda root: sorted(str(p.relative_to(root)) for p in root.rglob('last.pth'))     # noqa: E731
     a, b = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs', tmp_path / 'local' / 'sweeps' / 'mini' / 'runs'
-    assert runs(a) == runs(b) and len(runs(a)) == 6
+    assert runs(a) == runs(b) and len(runs(a)) == 3
     for rel in runs(a):
         assert_same_checkpoints(a / rel, b / rel)
     for result in a.rglob('results.json'):
@@ -575,7 +577,7 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
     gives it; bit-equal to the same command under torchrun with 2 processes. (A 2-process run is not a 1-process run:
     each process draws its own augmentations; one step's equality with one process on the concatenated batch is
     tests/training/test_distributed.py's.)"""
-    path = mini(tmp_path / 's.yaml', linear=None, compare=None, seeds=[0],
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'epochs': 1}, linear=None, compare=None, seeds=[0],
                 methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}})
     out = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, '--tasks_per_node', 2, env=slurm.env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -584,7 +586,7 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
     assert ckpt['config']['world_size'] == 2
     command = json.loads((cell / 'cell.json').read_text())['stages']['pretrain']['command'][1:]
     command[command.index('--save_folder') + 1] = str(tmp_path / 'torchrun')
-    subprocess.run([script_python(), '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2', *command],
+    subprocess.run([script_python(), torch.distributed.run.__file__, '--standalone', '--nproc_per_node', '2', *command],
                    cwd=ROOT, env=script_env(), check=True, capture_output=True, timeout=scaled(300))
     assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'),
                             os.path.join(run_folder(tmp_path / 'torchrun'), 'last.pth'))
