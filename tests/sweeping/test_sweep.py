@@ -482,11 +482,11 @@ def test_a_killed_sweep_called_again_loses_nothing_and_redoes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_a_cell_of_the_ablation_equals_the_old_scripts_run(tmp_path):
-    """sweeps/ablation_digits.yaml (1 epoch, 1 linear epoch here) runs a cell with exactly the flags
+    """sweeps/ablation_digits.yaml (1 epoch, 1 linear epoch, 8 px here) runs a cell with exactly the flags
     scripts/ablation_digits.sh gave it: digits_run's common flags, the method's, --label_granularity, --epochs and
     the learning rate and temperature; then linear evaluation. Both stages are bit-equal (CPU, one thread)."""
     spec = yaml.safe_load((pathlib.Path(ROOT) / 'sweeps' / 'ablation_digits.yaml').read_text())
-    spec['base']['epochs'] = 1
+    spec['base'].update(epochs=1, size=8)
     spec['linear']['epochs'] = 1
     path = write(tmp_path / 'ablation.yaml', **spec)
     out = sweep(path, '--save_folder', tmp_path / 'save', '--only', 'RASCAL-current setting=coarse-to-fine seed 1')
@@ -494,7 +494,7 @@ def test_a_cell_of_the_ablation_equals_the_old_scripts_run(tmp_path):
     cell = tmp_path / 'save' / 'sweeps' / 'ablation_digits' / 'runs' / 'RASCAL-current' / 'setting=coarse-to-fine'
     old = tmp_path / 'old'           # what scripts/ablation_digits.sh ran (digits_run, LINEAR_ALWAYS=1)
     common = ['--dataset', 'digits', '--batch_size', 128, '--cosine', '--num_workers', 0, '--seed', 1,
-              '--print_freq', 1000]
+              '--print_freq', 1000, '--size', 8]
     run_script('main_supcon.py', *common, '--save_folder', old / 'pretrain', '--method', 'RASCAL',
                '--rascal_weighting', 'current', '--label_granularity', 'coarse', '--epochs', 1, '--learning_rate', 0.2,
                '--temp', 0.1)

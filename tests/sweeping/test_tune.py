@@ -18,7 +18,7 @@ import pytest
 import yaml
 from test_sweep import SLURM, TINY, fake_run, sweep, write
 
-from helpers import ROOT, assert_one_line_error, make_fake_cifar, own_process, run_in_process, script_env
+from helpers import ROOT, assert_one_line_error, make_fake_cifar, own_process, run_in_process, script_env, script_python
 
 SPACE = {'learning_rate': {'low': 0.02, 'high': 1.0, 'log': True}, 'temp': {'low': 0.05, 'high': 0.5, 'log': True}}
 
@@ -108,10 +108,14 @@ def test_other_bad_tuning_files_are_one_line(tmp_path):
 
 
 def test_a_sweep_without_tune_does_not_import_optuna(tmp_path):
+    """(In a script forked from the suite's script server, which imports torch but not Optuna: a fresh interpreter
+    would spend seconds importing torch for the plan's commands.)"""
     path = write(tmp_path / 's.yaml', name='plain', base=TINY, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0])
-    code = ('import sys; import sweep\ntry:\n    sweep.main([sys.argv[1], "--dry-run", "--save_folder", sys.argv[2]])\n'
-            'finally:\n    print("optuna" in sys.modules)')
-    out = subprocess.run([sys.executable, '-c', code, str(path), str(tmp_path / 'save')], cwd=ROOT,
+    script = tmp_path / 'plan.py'
+    script.write_text(f'import sys\nsys.path.insert(0, {ROOT!r})\nimport sweep\ntry:\n'
+                      '    sweep.main([sys.argv[1], "--dry-run", "--save_folder", sys.argv[2]])\n'
+                      'finally:\n    print("optuna" in sys.modules)\n')
+    out = subprocess.run([script_python(), str(script), str(path), str(tmp_path / 'save')], cwd=ROOT,
                          capture_output=True, text=True, env=script_env(), timeout=300)
     assert out.stdout.strip().splitlines()[-1] == 'False', out.stdout + out.stderr
 
@@ -224,13 +228,13 @@ def test_every_method_gets_the_budget_and_the_cells_run_the_argmax(tuned_sweep):
 @pytest.mark.parametrize('floor', [0, 2])
 def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
     """A study whose earlier trial reported 100 % at every epoch: the next trial's first epoch is below it, successive
-    halving prunes it, and its run stops there (its metrics.csv ends long before --epochs 12, the rungs being at
-    epochs 1, 2, 4 and 8). With the floor ``min_complete: 2`` (one trial finished so far) the same trial is not pruned:
-    it runs its 12 epochs."""
+    halving prunes it, and its run stops there (its metrics.csv ends before --epochs 6, the rungs being at epochs 1,
+    2 and 4). With the floor ``min_complete: 2`` (one trial finished so far) the same trial is not pruned: it runs
+    its 6 epochs."""
     import optuna
     from optuna.distributions import FloatDistribution
     from optuna.storages.journal import JournalFileBackend
-    epochs = 12
+    epochs = 6
     path = ce_only(tmp_path / 's.yaml', trials=2, epochs=epochs, tune={
         'trials': 2, 'space': {'learning_rate': SPACE['learning_rate']}, 'pruning': {'min_epochs': 1,
                                                                                      'reduction': 2,
@@ -260,7 +264,7 @@ def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
     cell = json.loads((folder / 'tune' / 'CE' / 'trial_1' / 'cell.json').read_text())
     assert cell['stages']['pretrain']['state'] == 'pruned'
     rows = next((folder / 'tune' / 'CE' / 'trial_1').rglob('metrics.csv')).read_text().splitlines()
-    assert 2 <= len(rows) < 10                  # a header and a few epochs, not 12
+    assert 2 <= len(rows) < epochs + 1          # a header and the epochs to the rung that pruned it, not 6
     assert json.loads((folder / 'tune' / 'CE' / 'best.json').read_text())['trial'] == 0
     assert time.time() - started < 300
 
