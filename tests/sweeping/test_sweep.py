@@ -521,7 +521,7 @@ def test_a_sweep_through_slurm_equals_the_local_one(slurm, tmp_path):
     """A sweep of 2 methods (SupCon with its linear evaluation, CE) through --launcher slurm: one job per cell, every
     stage's checkpoint and result equal to --launcher local's. (One seed: a job's stages start fresh interpreters,
     about 7 CPU-seconds of imports each.)"""
-    path = mini(tmp_path / 's.yaml', seeds=[0])
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'epochs': 1}, seeds=[0])
     via_slurm = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, env=slurm.env)
     assert via_slurm.returncode == 0, via_slurm.stdout[-3000:] + via_slurm.stderr[-3000:]
     assert 'submitted 2 SLURM jobs' in via_slurm.stdout

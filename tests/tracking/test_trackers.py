@@ -4,12 +4,20 @@ epochs and results, a resume continuing the same tracker run, ``--tracker none``
 import glob
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from helpers import FAST, assert_one_line_error, only_run_folder, run_script, summary, wandb_history, wandb_records
+from helpers import (
+    FAST,
+    assert_one_line_error,
+    only_run_folder,
+    run_in_process,
+    run_script,
+    summary,
+    wandb_history,
+    wandb_records,
+)
 
 wandb = pytest.importorskip('wandb', reason='the W&B tests need wandb (pip install -r requirements-trackers.txt)')
 mlflow = pytest.importorskip('mlflow', reason='the MLflow tests need mlflow (pip install -r requirements-trackers.txt)')
@@ -75,16 +83,10 @@ def test_bad_tracker_flags_are_one_line(tmp_path, flags, words):
     assert not glob.glob(str(tmp_path / '**' / 'metrics.csv'), recursive=True)
 
 
-def test_a_tracker_whose_package_is_missing_is_refused_before_training(tmp_path):
-    """A ``wandb`` that does not import (a module of that name that raises, first on the path) is one line naming
-    the package and how to install it, before anything trains."""
-    shadow = tmp_path / 'shadow'
-    shadow.mkdir()
-    (shadow / 'wandb.py').write_text('raise ImportError("no wandb here")\n')
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(shadow), os.environ.get('PYTHONPATH', '')])}
-    proc = subprocess.run([sys.executable, 'main_ce.py', *map(str, CE), '--epochs', '1', '--tracker', 'wandb',
-                           '--save_folder', str(tmp_path / 'save')], cwd=os.path.dirname(os.path.dirname(
-                               os.path.dirname(os.path.abspath(__file__)))), env=env, capture_output=True,
-                          text=True, timeout=300)
+def test_a_tracker_whose_package_is_missing_is_refused_before_training(tmp_path, monkeypatch):
+    """A ``wandb`` that does not import (``None`` in ``sys.modules``: its import raises ImportError, as a missing or
+    broken package's does) is one line naming the package and how to install it, before anything trains."""
+    monkeypatch.setitem(sys.modules, 'wandb', None)
+    proc = run_in_process('main_ce.py', *CE, '--epochs', 1, '--tracker', 'wandb', '--save_folder', tmp_path / 'save')
     assert_one_line_error(proc, '--tracker wandb needs the package wandb', 'pip install')
     assert not (tmp_path / 'save').exists()
