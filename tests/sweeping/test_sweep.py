@@ -544,12 +544,12 @@ def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
     """``scontrol requeue`` while a stage runs (as a preemption or a time limit does): the stage stops with its last
     checkpoint, the job waits (BeginTime) until released, runs again with SLURM_RESTART_COUNT=1 and continues the
     stage from last.pth; it ends bit-equal to an uninterrupted run."""
-    path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 5}, linear=None, compare=None,
-                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}}, seeds=[0])
-    proc = subprocess.Popen([*own_process('sweep.py'), str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 3}, linear=None, compare=None,
+                methods={'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}}, seeds=[0])
+    proc = subprocess.Popen([script_python(), 'sweep.py', str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
         str, SLURM)], cwd=ROOT, env={**script_env(), **slurm.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
-    cell = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs' / 'SupCon' / 'seed_0'
+        text=True)       # forked: the test signals the job, not the sweep
+    cell = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs' / 'CE' / 'seed_0'
     deadline = time.time() + 300
     while time.time() < deadline and not list(cell.rglob('last.pth')):
         time.sleep(0.1)
@@ -567,7 +567,7 @@ def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
     whole = sweep(path, '--save_folder', tmp_path / 'local')
     assert whole.returncode == 0
     assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'), os.path.join(run_folder(
-        tmp_path / 'local' / 'sweeps' / 'mini' / 'runs' / 'SupCon' / 'seed_0'), 'last.pth'))
+        tmp_path / 'local' / 'sweeps' / 'mini' / 'runs' / 'CE' / 'seed_0'), 'last.pth'))
 
 
 @pytest.mark.slow
