@@ -305,8 +305,8 @@ def test_a_timm_vit_trains_resumes_exactly_and_is_evaluated(tmp_path):
 def test_compile_trains_and_its_checkpoints_load_without_it(tmp_path):
     """``--compile`` (torch.compile of the encoder and head, in place) trains; its checkpoint holds the plain
     parameter names, resumes without ``--compile`` (not part of the experiment) and loads in main_linear.py. The
-    backend is aot_eager: the graphs inductor gets, without its code generation (about 85 CPU-seconds on a cold
-    cache here; the GPU check compiles with inductor on CUDA)."""
+    backend is aot_eager: the graphs inductor gets, without its code generation (with inductor this test took 70 s
+    alone on a cold cache here, 26 s without: docs/results.md; the GPU check compiles with inductor on CUDA)."""
     args = ['--epochs', 1, '--batch_size', 128, '--size', 8, '--augment', 'device', '--num_workers', 0, '--device',
             'cpu', '--print_freq', 1000, '--save_folder', tmp_path / 'pre']
     run_script('main_supcon.py', '--compile', '--compile_backend', 'aot_eager', *args)

@@ -23,7 +23,7 @@ def run_folders(root):
 def test_a_tuned_sweeps_trials_and_cells_are_grouped_tagged_and_logged_once(tmp_path, monkeypatch):
     monkeypatch.setenv('WANDB_MODE', 'offline')
     path = ce_only(tmp_path / 's.yaml', base={**TINY, 'epochs': 1, 'tracker': 'wandb,mlflow'},
-                   tune={'trials': 1, 'space': {'learning_rate': SPACE['learning_rate']}, 'val_split': 0.2,
+                   tune={'trials': 2, 'space': {'learning_rate': SPACE['learning_rate']}, 'val_split': 0.2,
                          'pruning': False})
     out = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -35,9 +35,9 @@ def test_a_tuned_sweeps_trials_and_cells_are_grouped_tagged_and_logged_once(tmp_
     parent = [r for r in runs if r.data.tags.get('supcontrast.kind') == 'group']
     assert len(parent) == 1 and 'table.md' in [a.path for a in client.list_artifacts(parent[0].info.run_id)]
     children = [r for r in runs if r is not parent[0] and r.info.run_id != parent[0].info.run_id]
-    assert len(children) == 2 and all(r.data.tags['mlflow.parentRunId'] == parent[0].info.run_id for r in children)
-    trials = [r for r in children if r.data.tags['job_type'] == 'trial']
-    assert [r.data.tags['trial'] for r in trials] == ['0']
+    assert len(children) == 3 and all(r.data.tags['mlflow.parentRunId'] == parent[0].info.run_id for r in children)
+    trials = sorted((r for r in children if r.data.tags['job_type'] == 'trial'), key=lambda r: r.data.tags['trial'])
+    assert [r.data.tags['trial'] for r in trials] == ['0', '1']
     assert all(r.data.tags['trial_state'] == 'complete' and 'objective' in r.data.metrics for r in trials)
     study = json.loads((folder / 'tune' / 'CE' / 'study.json').read_text())
     assert [r.data.metrics['objective'] for r in trials] == pytest.approx([t['value'] for t in study['trials']])
@@ -45,7 +45,7 @@ def test_a_tuned_sweeps_trials_and_cells_are_grouped_tagged_and_logged_once(tmp_
     assert (cell.data.tags['method'], cell.data.tags['seed'], cell.data.tags['stage']) == ('CE', '0', 'pretrain')
 
     ids = [json.loads(open(os.path.join(f, 'trackers.json')).read()) for f in run_folders(folder)]
-    assert len(ids) == 2
+    assert len(ids) == 3
     for run_folder in run_folders(folder):
         records = [r for _, rs in wandb_records(run_folder) for r in rs]
         run = next(r['run'] for r in records if r['type'] == 'run')
@@ -60,5 +60,5 @@ def test_a_tuned_sweeps_trials_and_cells_are_grouped_tagged_and_logged_once(tmp_
     before = json.loads((folder / 'trackers.json').read_text())
     again = sweep(path, '--save_folder', tmp_path / 'save', '--jobs', 1)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert len(client.search_runs([experiment.experiment_id])) == 3            # nothing logged twice
+    assert len(client.search_runs([experiment.experiment_id])) == 4            # nothing logged twice
     assert json.loads((folder / 'trackers.json').read_text()) == before      # the sweep's own runs found again
