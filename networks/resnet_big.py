@@ -4,7 +4,9 @@
 
 ``MODELS`` maps our ``--model`` names to ``(constructor, feature dim)``. Besides SupContrast's resnet18/34/50/101
 there is ``resnet_tiny`` (one basic block per stage, widths 16-32-64-128): it is what the bundled ``digits`` data
-needs and it trains in seconds on a CPU. :func:`build_encoder` builds either kind; every encoder it builds carries
+needs and it trains in seconds on a CPU; ``resnet_nano`` is the same at half the width (8-16-32-64, a quarter of the
+arithmetic), for smoke runs of a pipeline where the encoder's quality does not matter (the test suite's end-to-end
+runs). :func:`build_encoder` builds either kind; every encoder it builds carries
 its feature width as ``feature_dim``.
 """
 import functools
@@ -113,6 +115,10 @@ def resnet_tiny(**kwargs):
     return ResNet(BasicBlock, [1, 1, 1, 1], widths=(16, 32, 64, 128), **kwargs)
 
 
+def resnet_nano(**kwargs):
+    return ResNet(BasicBlock, [1, 1, 1, 1], widths=(8, 16, 32, 64), **kwargs)
+
+
 def resnet18(**kwargs):
     return ResNet(BasicBlock, [2, 2, 2, 2], **kwargs)
 
@@ -130,6 +136,7 @@ def resnet101(**kwargs):
 
 
 MODELS = {
+    'resnet_nano': (resnet_nano, 64),
     'resnet_tiny': (resnet_tiny, 128),
     'resnet18': (resnet18, 512),
     'resnet34': (resnet34, 512),

@@ -1,4 +1,5 @@
 """Helpers for the end-to-end tests: run the real scripts, build small fake datasets."""
+import importlib.util
 import os
 import pickle
 import signal
@@ -8,6 +9,7 @@ import tempfile
 import time
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -15,10 +17,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --device cpu: the suite compares runs bit for bit, which holds on a CPU (on CUDA only with --deterministic); a
 # machine with a GPU runs the CUDA tests of tests/test_cuda.py (pytest -m cuda) for that. --size 8 and --augment
 # device: a digits epoch in a quarter of the time (the per-image PIL pipeline is three quarters of a 16-pixel
-# epoch); CPU_AUGMENT puts the DataLoader's pipeline back, for the tests that are about it; FAST_FILES is FAST for
-# datasets of image files (decoded by the DataLoader: its pipeline, their own --size).
+# epoch); --model resnet_nano: resnet_tiny at half the width, a step in about half the time (what these runs assert
+# holds for any encoder; tests/test_networks.py builds every one, and the step-level tests keep resnet_tiny);
+# CPU_AUGMENT puts the DataLoader's pipeline back, for the tests that are about it; FAST_FILES is FAST for datasets of
+# image files (decoded by the DataLoader: its pipeline, their own --size and model).
 FAST_FILES = ['--num_workers', '0', '--batch_size', '128', '--print_freq', '1000', '--device', 'cpu']
-FAST = [*FAST_FILES, '--size', '8', '--augment', 'device']
+FAST = [*FAST_FILES, '--size', '8', '--augment', 'device', '--model', 'resnet_nano']
 CPU_AUGMENT = ['--augment', 'cpu']
 
 
@@ -447,6 +451,14 @@ def take_steps(training, views, labels, ids, seed=None):
 
 
 # ---------------------------------------------------------------- experiment trackers, read back as a user would
+TRACKER_PACKAGES = ('wandb', 'mlflow', 'sqlalchemy')     # requirements-trackers.txt (sqlalchemy: MLflow's SQLite store)
+# The tracker tests' mark: skipped with a reason where a package is absent. Found without importing them: importing
+# wandb and mlflow takes about 3 s, which every pytest worker would pay while collecting.
+needs_trackers = pytest.mark.skipif(
+    any(importlib.util.find_spec(name) is None for name in TRACKER_PACKAGES),
+    reason='the tracker tests need wandb, mlflow and sqlalchemy (pip install -r requirements-trackers.txt)')
+
+
 def wandb_records(run_folder):
     """``[(run id, [record, ...])]`` of every offline W&B run under ``run_folder``, read by W&B's own reader
     (``wandb leet inspect --json``)."""

@@ -83,9 +83,9 @@ def test_an_unfinished_run_says_so_and_bad_input_is_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.xdist_group('tiny')
 def test_export_of_a_real_run(tiny_ckpt, tmp_path):
-    """Through the real script, on a run of main_supcon.py (resnet_tiny: this repository's keys)."""
+    """Through the real script, on a run of main_supcon.py (resnet_nano: this repository's keys)."""
     out = run_script('export.py', '--ckpt', tiny_ckpt, '--out', tmp_path / 'out')
-    assert 'exported the resnet_tiny encoder' in out.stdout
+    assert 'exported the resnet_nano encoder' in out.stdout
     with open(tmp_path / 'out' / 'card.json') as f:
         card = json.load(f)
     assert card['keys'] == 'this repo' and card['finished'] and card['dataset'] == 'digits' and card['size'] == 8

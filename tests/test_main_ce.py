@@ -59,7 +59,7 @@ def test_one_stage_ce_supcon_resumes_exactly_and_evaluates(tmp_path):
 
     from helpers import load
     args = ['--supcon_weight', 0.5, '--temp', 0.1, '--loss', 'balanced_softmax', '--size', 8, '--batch_size', 256,
-            '--save_freq', 1, '--num_workers', 0, '--print_freq', 1000, '--device', 'cpu']
+            '--save_freq', 1, '--num_workers', 0, '--print_freq', 1000, '--device', 'cpu', '--model', 'resnet_nano']
     run_script('main_ce.py', *args, '--epochs', 2, '--save_folder', tmp_path / 'a')
     run = only_run_folder(tmp_path / 'a')
     assert '_balanced_softmax' in run and '_supcon_0.5_temp_0.1' in run

@@ -56,7 +56,7 @@ def test_a_registered_method_trains_through_the_real_script(tmp_path):
     proc = run_script(tmp_path / 'with_toy.py', *args, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run_folder(tmp_path / 'runs')
-    assert os.path.basename(run).startswith('Toy_digits_resnet_tiny')
+    assert os.path.basename(run).startswith('Toy_digits_resnet_nano')
     row = read_metrics(run)[0]
     assert 0 < float(row['train/loss']) <= 4 and -1 <= float(row['train/toy/agreement']) <= 1
     ckpt = load(os.path.join(run, 'last.pth'))

@@ -30,7 +30,7 @@ from helpers import (
 )
 
 TINY = {'dataset': 'digits', 'batch_size': 128, 'num_workers': 0, 'print_freq': 1000, 'size': 8, 'augment': 'device',
-        'device': 'cpu', 'cosine': True, 'epochs': 2}
+        'model': 'resnet_nano', 'device': 'cpu', 'cosine': True, 'epochs': 2}
 
 
 def write(path, **spec):
@@ -44,7 +44,7 @@ def mini(path, **changes):
     spec = dict(name='mini', base=dict(TINY),
                 methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1},
                          'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}},
-                seeds=[0, 1], linear={'epochs': 1, 'learning_rate': 1}, compare={'baseline': 'SupCon'})
+                seeds=[0, 1], linear={'epochs': 2, 'learning_rate': 0.3}, compare={'baseline': 'SupCon'})
     spec.update(changes)
     return write(path, **spec)
 
@@ -101,7 +101,7 @@ def test_a_file_expands_into_named_cells_with_their_commands(tmp_path):
     assert value(linear.argv, '--epochs') == '1'                # an evaluation's flag wins over base
     ce = next(c for c in s.cells if c.method == 'CE')
     assert [st.name for st in ce.stages] == ['pretrain']                    # main_ce.py evaluates itself
-    assert first.run_folder.endswith('SupCon_digits_lt_resnet_tiny_lr_0.2_decay_0.0001_bsz_128_temp_0.1_trial_0'
+    assert first.run_folder.endswith('SupCon_digits_lt_resnet_nano_lr_0.2_decay_0.0001_bsz_128_temp_0.1_trial_0'
                                      '_imb_0.1_cosine_devaug')
     assert [c.name for c in s.select(['CE * seed 1'])][:1] == ['CE setting=plain imb_factor=0.1 seed 1']
     s = read_sweep(mini(tmp_path / 't.yaml', methods={'CE': {'script': 'main_ce.py', 'evaluate': True}}, compare=None),

@@ -8,11 +8,9 @@ import pytest
 from test_sweep import TINY, sweep
 from test_tune import SPACE, ce_only
 
-from helpers import summary, wandb_records
+from helpers import needs_trackers, summary, wandb_records
 
-wandb = pytest.importorskip('wandb', reason='the W&B tests need wandb (pip install -r requirements-trackers.txt)')
-mlflow = pytest.importorskip('mlflow', reason='the MLflow tests need mlflow (pip install -r requirements-trackers.txt)')
-pytest.importorskip('sqlalchemy', reason='MLflow\'s SQLite store needs sqlalchemy (requirements-trackers.txt)')
+pytestmark = needs_trackers
 
 
 def run_folders(root):
@@ -29,6 +27,7 @@ def test_a_tuned_sweeps_trials_and_cells_are_grouped_tagged_and_logged_once(tmp_
     assert out.returncode == 0, out.stderr[-3000:]
     folder = tmp_path / 'save' / 'sweeps' / 'ce'
 
+    import mlflow
     client = mlflow.MlflowClient(tracking_uri=f'sqlite:///{folder / "mlflow.db"}')
     experiment = client.get_experiment_by_name('ce')
     runs = client.search_runs([experiment.experiment_id])

@@ -11,6 +11,7 @@ import pytest
 from helpers import (
     FAST,
     assert_one_line_error,
+    needs_trackers,
     only_run_folder,
     run_in_process,
     run_script,
@@ -19,11 +20,9 @@ from helpers import (
     wandb_records,
 )
 
-wandb = pytest.importorskip('wandb', reason='the W&B tests need wandb (pip install -r requirements-trackers.txt)')
-mlflow = pytest.importorskip('mlflow', reason='the MLflow tests need mlflow (pip install -r requirements-trackers.txt)')
-pytest.importorskip('sqlalchemy', reason='MLflow\'s SQLite store needs sqlalchemy (requirements-trackers.txt)')
+pytestmark = needs_trackers
 
-CE = [*FAST, '--dataset', 'digits', '--model', 'resnet_tiny', '--learning_rate', '0.1']
+CE = [*FAST, '--dataset', 'digits', '--learning_rate', '0.1']
 
 
 @pytest.fixture
@@ -52,6 +51,7 @@ def test_a_run_and_its_resume_are_one_run_in_each_tracker_and_read_back_as_their
     run = next(r['run'] for r in runs[0][1] if r['type'] == 'run')
     assert run['config']['update']['learning_rate'] == 0.1
 
+    import mlflow
     client = mlflow.MlflowClient(tracking_uri=ids['mlflow']['uri'])
     logged = client.get_run(ids['mlflow']['run_id'])
     assert logged.info.status == 'FINISHED' and logged.data.params['learning_rate'] == '0.1'

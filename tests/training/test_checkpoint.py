@@ -38,7 +38,7 @@ def test_corrupt_checkpoints(tmp_path):
 @pytest.mark.xdist_group('tiny')
 def test_checkpoint_model_mismatch(tiny_ckpt, tmp_path):
     assert_one_line_error(run_in_process('main_linear.py', '--ckpt', tiny_ckpt, '--model', 'resnet18',
-                                     '--save_folder', tmp_path), 'resnet_tiny', 'resnet18')
+                                     '--save_folder', tmp_path), 'resnet_nano', 'resnet18')
     assert_one_line_error(run_in_process('main_supcon.py', '--resume', tiny_ckpt, '--model', 'resnet18'), 'resnet18')
     # no config to compare: the weights themselves do not fit
     ckpt = torch.load(tiny_ckpt, weights_only=True)
@@ -59,7 +59,7 @@ def test_resume_with_another_script(tiny_ckpt, tmp_path):
 def test_original_supcontrast_and_compiled_checkpoints(tiny_ckpt, tmp_path):
     """SupContrast pickles an argparse.Namespace and wraps the encoder in DataParallel."""
     ckpt = torch.load(tiny_ckpt, weights_only=True)
-    legacy = {'opt': make_options(model='resnet_tiny', batch_size=128, size=8),     # an argparse.Namespace
+    legacy = {'opt': make_options(model='resnet_nano', batch_size=128, size=8),     # an argparse.Namespace
               'model': {k.replace('encoder.', 'encoder.module.', 1): v for k, v in ckpt['model'].items()},
               'optimizer': ckpt['optimizer'], 'epoch': 1}
     torch.save(legacy, tmp_path / 'legacy.pth')
