@@ -37,9 +37,9 @@ section ends, in section order.
    layout, alone on the machine: its images/s against section 4's best rate for resnet50 at batch 1024, and the
    1000-epoch projection from its own wall clock.
 
-Without a CUDA device (and with ``--dry-run``) every section runs at tiny sizes on the CPU (sections 3 and 7 a few
-of their modes and runs: the suite runs each of them), and a section that needs CUDA reports ``skipped: no CUDA``
-when its CPU run worked (``failed`` when it did not): never ``passed``.
+Without a CUDA device (and with ``--dry-run``) every section runs at tiny sizes on the CPU (``resnet_nano`` at 8 px;
+sections 3 and 7 a few of their modes and runs: the suite runs each of them), and a section that needs CUDA reports
+``skipped: no CUDA`` when its CPU run worked (``failed`` when it did not): never ``passed``.
 """
 import argparse
 import contextlib
@@ -354,7 +354,7 @@ def section_recipe(ctx):
     n_train, n_test = (250, 50) if ctx.dry else (20_000, 2_000)
     data = write_cifar10(os.path.join(ctx.work, 'data'), n_train, n_test)
     epochs, first = (2, 1) if ctx.dry else (5, 2)
-    common = ['--dataset', 'cifar10', '--data_folder', data, '--model', 'resnet_tiny' if ctx.dry else 'resnet18',
+    common = ['--dataset', 'cifar10', '--data_folder', data, '--model', 'resnet_nano' if ctx.dry else 'resnet18',
               '--size', '8' if ctx.dry else '32', '--batch_size', '64' if ctx.dry else '512',
               '--learning_rate', '0.5', '--temp', '0.1', '--cosine', '--deterministic', '--device', ctx.device,
               '--num_workers', '2' if ctx.dry else '8', '--print_freq', '1000']
@@ -513,7 +513,7 @@ def section_field(ctx):
     import main_linear  # noqa: F401
     import main_supcon  # noqa: F401
     epochs, lin = ('1', '1') if ctx.dry else ('10', '5')
-    size, model = ('8', 'resnet_tiny') if ctx.dry else ('32', 'resnet18')
+    size, model = ('8', 'resnet_nano') if ctx.dry else ('32', 'resnet18')
     common = ['--dataset', 'digits', '--size', size, '--model', model, '--batch_size', '128', '--cosine',
               '--augment', 'device', '--num_workers', '0', '--seed', '0', '--device', ctx.device, '--print_freq',
               '1000']
@@ -659,7 +659,7 @@ def section_user_recipe(ctx):
     data = write_cifar10(os.path.join(ctx.work, 'data'), n_train, n_test)
     save = os.path.join(ctx.work, 'save')
     # on a GPU the recipe as it is; the dry run shrinks the model and turns compile off (a CPU compiles slowly)
-    extra = ['--model', 'resnet_tiny', '--size', '8', '--batch_size', '32', '--compile', 'off', '--num_workers',
+    extra = ['--model', 'resnet_nano', '--size', '8', '--batch_size', '32', '--compile', 'off', '--num_workers',
              '2'] if ctx.dry else []
     cmd = ['bash', 'scripts/supcon_cifar.sh', 'cifar10', '--data_folder', data, '--epochs', USER_RECIPE_EPOCHS,
            '--save_folder', save, *extra]

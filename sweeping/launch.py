@@ -278,7 +278,9 @@ def executor(folder, settings):
     """A submitit executor for the SLURM cluster with the sweep's ``settings`` (``slurm:`` of the file and the
     command line)."""
     import submitit
-    ex = submitit.AutoExecutor(folder=os.path.join(folder, 'slurm', '%j'), cluster='slurm')
+    # python: the command a job runs Python with (and its stages: sys.executable there); default this interpreter
+    ex = submitit.AutoExecutor(folder=os.path.join(folder, 'slurm', '%j'), cluster='slurm',
+                               slurm_python=settings.get('python'))
     params = {'timeout_min': int(settings.get('time_min', 60)), 'nodes': int(settings.get('nodes', 1)),
               'tasks_per_node': int(settings.get('tasks_per_node', 1)),
               'cpus_per_task': int(settings.get('cpus_per_task', 1)),

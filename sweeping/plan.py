@@ -56,7 +56,7 @@ KEYS = {'name': 'the sweep\'s folder: <save_folder>/sweeps/<name>/',
 METHOD_KEYS = ('script', 'evaluate', 'tune')         # a method entry's keys that are not flags
 COMPARE_KEYS = ('name', 'baseline', 'metric', 'by', 'evaluation', 'train_metrics', 'rows', 'methods')
 SLURM_KEYS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb', 'nodes', 'tasks_per_node',
-              'array_parallelism', 'setup', 'account', 'qos', 'constraint', 'additional_parameters')
+              'array_parallelism', 'setup', 'account', 'qos', 'constraint', 'additional_parameters', 'python')
 STAGE1 = 'pretrain'       # the folder of a cell's first stage (pre-training, or main_ce.py's training)
 UNREAD = os.path.join(os.sep, 'stage-1-not-read')    # where an evaluation's --ckpt points while it is planned
 MAX_CELLS = 2000          # a larger grid is refused at once (planning parses every stage: about 10 ms each)
@@ -282,6 +282,9 @@ def read(path, save_folder=None, check=True):
     for key in slurm:
         if key not in SLURM_KEYS:
             raise SweepError(f'{where} slurm: unknown key {key!r} (the keys: {", ".join(SLURM_KEYS)})')
+    if 'python' in slurm and not (isinstance(slurm['python'], str) and slurm['python'].strip()):
+        raise SweepError(f'{where} slurm.python: the command a job runs Python with (e.g. /opt/envs/supcon/bin/python), '
+                         f'got {slurm["python"]!r}')
     sweep = Sweep(path, name, folder, str(data.get('description') or ''), cells, list(entries), axes,
                   list(evaluations), compare, slurm, text, tune, base, entries, evaluations)
     if check:

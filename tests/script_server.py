@@ -38,7 +38,10 @@ import torchvision.datasets  # noqa: E402,F401
 import torchvision.transforms  # noqa: E402,F401
 import tqdm  # noqa: E402,F401
 
-for optional in ('mlflow', 'wandb'):      # the trackers (requirements-trackers.txt), where installed
+# the trackers (requirements-trackers.txt), where installed, with what a run imports later: wandb.init imports W&B
+# Launch's inputs (pydantic models, about 1.5 s), MLflow's SQLite store imports alembic and sqlalchemy (about 1 s)
+for optional in ('mlflow', 'mlflow.store.tracking.sqlalchemy_store', 'alembic', 'wandb',
+                 'wandb.sdk.launch.inputs.internal'):
     try:
         __import__(optional)
     except ImportError:

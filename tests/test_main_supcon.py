@@ -69,7 +69,7 @@ def test_simclr_bf16_channels_last_linear_head(tmp_path):
     run = only_run_folder(tmp_path)
     assert 'SimCLR_digits' in run and run.endswith('trial_7_cosine_warm_bf16')
     assert os.path.exists(os.path.join(run, 'ckpt_epoch_1.pth'))
-    assert load(os.path.join(run, 'last.pth'))['model']['head.weight'].shape == (32, 64)      # resnet_nano's 64 features
+    assert load(os.path.join(run, 'last.pth'))['model']['head.weight'].shape == (32, 64)      # resnet_nano's 64-d
 
 
 RASCAL_STATS = ['avg_pos_per_anchor', 'cache_hit_rate', 'ranked_row_rate', 'rank_drift_mean', 'rank_drift_std',

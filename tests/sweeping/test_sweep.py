@@ -111,6 +111,8 @@ def test_a_file_expands_into_named_cells_with_their_commands(tmp_path):
 
 @pytest.mark.parametrize('change, words', [
     (dict(colour='red'), ["unknown key 'colour'"]),
+    (dict(slurm={'pyhton': 'python3'}), ["slurm: unknown key 'pyhton'", 'python']),
+    (dict(slurm={'python': ''}), ['slurm.python: the command a job runs Python with']),
     (dict(lienar={'epochs': 1}), ["unknown key 'lienar'", 'did you mean linear']),
     (dict(methods={'SupCon': {'lerning_rate': 0.2}}), ['methods.SupCon: lerning_rate is not a flag of main_supcon.py',
                                                         'learning_rate']),
@@ -519,8 +521,8 @@ SLURM = ['--launcher', 'slurm', '--poll_s', '0.5', '--time_min', 10]
 @pytest.mark.xdist_group('slurm')
 def test_a_sweep_through_slurm_equals_the_local_one(slurm, tmp_path):
     """A sweep of 2 methods (SupCon with its linear evaluation, CE) through --launcher slurm: one job per cell, every
-    stage's checkpoint and result equal to --launcher local's. (One seed: a job's stages start fresh interpreters,
-    about 7 CPU-seconds of imports each.)"""
+    stage's checkpoint and result equal to --launcher local's. (One seed. The job runs the suite's shim as its
+    python: its stages are forked from the suite's script server, as a local sweep's.)"""
     path = mini(tmp_path / 's.yaml', base={**TINY, 'epochs': 1}, seeds=[0])
     via_slurm = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, env=slurm.env)
     assert via_slurm.returncode == 0, via_slurm.stdout[-3000:] + via_slurm.stderr[-3000:]
@@ -543,9 +545,12 @@ def test_a_sweep_through_slurm_equals_the_local_one(slurm, tmp_path):
 def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
     """``scontrol requeue`` while a stage runs (as a preemption or a time limit does): the stage stops with its last
     checkpoint, the job waits (BeginTime) until released, runs again with SLURM_RESTART_COUNT=1 and continues the
-    stage from last.pth; it ends bit-equal to an uninterrupted run."""
+    stage from last.pth; it ends bit-equal to an uninterrupted run. The job runs the real interpreter (``slurm:
+    python:``), its stage a process of the job's own that SLURM stops (the other SLURM tests' jobs start their stages
+    through the suite's shim: forked, outside the job)."""
     path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 3}, linear=None, compare=None,
-                methods={'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}}, seeds=[0])
+                methods={'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}}, seeds=[0],
+                slurm={'python': sys.executable})
     proc = subprocess.Popen([script_python(), 'sweep.py', str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
         str, SLURM)], cwd=ROOT, env={**script_env(), **slurm.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)       # forked: the test signals the job, not the sweep
@@ -564,6 +569,7 @@ def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
     assert 'attempt 2' in log and 'resumed from' in log and 'interrupted' in log
     stages = json.loads((cell / 'cell.json').read_text())['stages']
     assert stages['pretrain']['state'] == 'done' and stages['pretrain']['attempts'] == 2
+    assert stages['pretrain']['command'][0] == sys.executable          # the job's python (slurm: python:)
     whole = sweep(path, '--save_folder', tmp_path / 'local')
     assert whole.returncode == 0
     assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'), os.path.join(run_folder(
