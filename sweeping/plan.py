@@ -283,8 +283,8 @@ def read(path, save_folder=None, check=True):
         if key not in SLURM_KEYS:
             raise SweepError(f'{where} slurm: unknown key {key!r} (the keys: {", ".join(SLURM_KEYS)})')
     if 'python' in slurm and not (isinstance(slurm['python'], str) and slurm['python'].strip()):
-        raise SweepError(f'{where} slurm.python: the command a job runs Python with (e.g. /opt/envs/supcon/bin/python), '
-                         f'got {slurm["python"]!r}')
+        raise SweepError(f'{where} slurm.python: the command a job runs Python with (e.g. '
+                         f'/opt/envs/supcon/bin/python), got {slurm["python"]!r}')
     sweep = Sweep(path, name, folder, str(data.get('description') or ''), cells, list(entries), axes,
                   list(evaluations), compare, slurm, text, tune, base, entries, evaluations)
     if check:
