@@ -69,8 +69,9 @@ def test_a_script_s_own_children_are_forked_and_behave_as_real_processes(tmp_pat
     """A script started with ``sys.executable`` from a forked script goes through the shim and the stage server: its
     argv, working folder, environment, stdin/stdout/stderr and exit status are its own; a signal sent to the client
     reaches the script (and its death by that signal comes back); a client killed outright takes its script with it;
-    ``-m`` runs the real interpreter. The power check: the child is not a
-    fresh interpreter (torch is already imported when it starts)."""
+    ``-m`` runs the module in the real interpreter (``-u -m`` too: a SLURM job's submitit), with the shim as its
+    ``sys.executable``, so that a script it starts is forked in turn. The power check: the child is not a fresh
+    interpreter (torch is already imported when it starts)."""
     child = write(tmp_path, 'child.py', '''
         import os, sys, signal, time
         print('child', sys.argv[1:], os.getcwd(), os.environ.get('PROBE'), 'torch' in sys.modules, flush=True)
@@ -80,6 +81,12 @@ def test_a_script_s_own_children_are_forked_and_behave_as_real_processes(tmp_pat
             open(sys.argv[2], 'w').close()
             time.sleep(60)
         sys.exit(4)
+    ''')
+    write(tmp_path, 'shimprobe.py', f'''
+        import subprocess, sys
+        print('module', sys.executable.endswith('python_shim'), 'torch' in sys.modules, sys.argv[1:], flush=True)
+        p = subprocess.run([sys.executable, {child!r}, 'y'], input='x\\n', capture_output=True, text=True)
+        print('its child', p.returncode, p.stdout.split()[-1], flush=True)
     ''')
     parent = write(tmp_path, 'parent.py', f'''
         import os, signal, subprocess, sys, time
@@ -102,6 +109,9 @@ def test_a_script_s_own_children_are_forked_and_behave_as_real_processes(tmp_pat
             print(how, q.returncode, repr(out.splitlines()[-1]))
         m = subprocess.run([sys.executable, '-m', 'json.tool'], input='[1]', capture_output=True, text=True)
         print('m', m.returncode, repr(m.stdout.strip()))
+        m = subprocess.run([sys.executable, '-u', '-m', 'shimprobe', 'arg'], cwd={str(tmp_path)!r}, capture_output=True,
+                           text=True)
+        print('module m', m.returncode, repr(m.stdout))
     ''')
     out = run_script(parent, timeout=120).stdout.splitlines()
     assert out[0] == 'shim True'
@@ -109,3 +119,5 @@ def test_a_script_s_own_children_are_forked_and_behave_as_real_processes(tmp_pat
     assert out[2] == "term 7 'got TERM'"
     assert out[3] == f"kill {-signal.SIGKILL} 'got TERM'"     # the client died at once; its script got SIGTERM
     assert out[4] == "m 0 '[\\n    1\\n]'"
+    # the module in a real interpreter (no torch), the shim its sys.executable, its own child forked (torch there)
+    assert out[5] == "module m 0 \"module True False ['arg']\\nits child 4 True\\n\""
