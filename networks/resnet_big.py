@@ -6,8 +6,8 @@
 there is ``resnet_tiny`` (one basic block per stage, widths 16-32-64-128): it is what the bundled ``digits`` data
 needs and it trains in seconds on a CPU; ``resnet_nano`` is the same at half the width (8-16-32-64, a quarter of the
 arithmetic), for smoke runs of a pipeline where the encoder's quality does not matter (the test suite's end-to-end
-runs). :func:`build_encoder` builds either kind; every encoder it builds carries
-its feature width as ``feature_dim``.
+runs). :func:`build_encoder` builds either kind; every encoder it builds carries its feature width as
+``feature_dim``.
 """
 import functools
 

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # --device cpu: the suite compares runs bit for bit, which holds on a CPU (on CUDA only with --deterministic); a
 # machine with a GPU runs the CUDA tests of tests/test_cuda.py (pytest -m cuda) for that. --size 8 and --augment
 # device: a digits epoch in a quarter of the time (the per-image PIL pipeline is three quarters of a 16-pixel
-# epoch); --model resnet_nano: resnet_tiny at half the width, a step in about half the time (what these runs assert
+# epoch); --model resnet_nano: resnet_tiny at half the width, a quarter of the arithmetic (what these runs assert
 # holds for any encoder; tests/test_networks.py builds every one, and the step-level tests keep resnet_tiny);
 # CPU_AUGMENT puts the DataLoader's pipeline back, for the tests that are about it; FAST_FILES is FAST for datasets of
 # image files (decoded by the DataLoader: its pipeline, their own --size and model).
