@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from helpers import ROOT, assert_one_line_error
+from helpers import ROOT, assert_one_line_error, scaled
 
 
 def source_env(tmp_path, python, *flags):
@@ -13,7 +13,7 @@ def source_env(tmp_path, python, *flags):
     shim.write_text(f'#!/bin/sh\nexec {python} {" ".join(flags)} "$@"\n')
     shim.chmod(0o755)
     return subprocess.run(['bash', '-c', 'source scripts/env.sh && echo "sourced in $PWD"'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, env={**os.environ, 'PY': str(shim)})
+                          capture_output=True, text=True, timeout=scaled(60), env={**os.environ, 'PY': str(shim)})
 
 
 def test_a_python_without_the_requirements_is_one_line(tmp_path):

@@ -18,7 +18,16 @@ import pytest
 import yaml
 from test_sweep import SLURM, TINY, fake_run, sweep, write
 
-from helpers import ROOT, assert_one_line_error, make_fake_cifar, own_process, run_in_process, script_env, script_python
+from helpers import (
+    ROOT,
+    assert_one_line_error,
+    make_fake_cifar,
+    own_process,
+    run_in_process,
+    scaled,
+    script_env,
+    script_python,
+)
 
 SPACE = {'learning_rate': {'low': 0.02, 'high': 1.0, 'log': True}, 'temp': {'low': 0.05, 'high': 0.5, 'log': True}}
 
@@ -116,7 +125,7 @@ def test_a_sweep_without_tune_does_not_import_optuna(tmp_path):
                       '    sweep.main([sys.argv[1], "--dry-run", "--save_folder", sys.argv[2]])\n'
                       'finally:\n    print("optuna" in sys.modules)\n')
     out = subprocess.run([script_python(), str(script), str(path), str(tmp_path / 'save')], cwd=ROOT,
-                         capture_output=True, text=True, env=script_env(), timeout=300)
+                         capture_output=True, text=True, env=script_env(), timeout=scaled(300))
     assert out.stdout.strip().splitlines()[-1] == 'False', out.stdout + out.stderr
 
 

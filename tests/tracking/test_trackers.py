@@ -20,8 +20,6 @@ from helpers import (
     wandb_records,
 )
 
-pytestmark = needs_trackers
-
 CE = [*FAST, '--dataset', 'digits', '--learning_rate', '0.1']
 
 
@@ -30,6 +28,7 @@ def offline(monkeypatch):
     monkeypatch.setenv('WANDB_MODE', 'offline')         # never online, whoever runs the suite
 
 
+@needs_trackers          # the only test here that needs the packages: the others run without them
 def test_a_run_and_its_resume_are_one_run_in_each_tracker_and_read_back_as_their_records(tmp_path, offline):
     """main_ce.py for 1 epoch with ``--tracker tensorboard,wandb,mlflow``, then ``--resume`` to 2: one W&B run id
     across both offline files and one MLflow run, each holding both epochs' loss, the run's flags and results.json's
