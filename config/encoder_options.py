@@ -90,13 +90,16 @@ def adopt_stage1_settings(opt, given):
 
 
 def adopt_held_out(opt, given, config):
-    """main_linear.py holds out what its stage-1 run held out (``--val_split``, ``--split_seed``), unless told
-    otherwise: a stage-1 run that held out images makes them the probe's held-out part by default; another held-out
-    part is a one-line error (the encoder trained on some of it); held-out images the encoder trained on get a note."""
+    """main_linear.py trains on its stage-1 run's ``--train_subset`` and holds out what that run held out
+    (``--val_split``, ``--split_seed``), unless told otherwise: a stage-1 run that held out images makes them the
+    probe's held-out part by default; another held-out part is a one-line error (the encoder trained on some of it);
+    held-out images the encoder trained on get a note."""
     if config.get('label_noise'):                     # --val_noise same: the held-out labels get this noise
         opt.stage1_label_noise = [config['label_noise'], config.get('label_noise_kind', 'symmetric')]
     if config.get('dataset') != opt.dataset:          # another dataset's held-out part is not this one's
         return
+    if config.get('train_subset') and 'train_subset' not in given and 'subset_seed' not in given:
+        opt.train_subset, opt.subset_seed = config['train_subset'], config.get('subset_seed', 0)
     held = config.get('val_split') or 0
     if held and 'val_split' not in given and 'split_seed' not in given:
         opt.val_split, opt.split_seed = held, config.get('split_seed', 0)

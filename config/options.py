@@ -28,6 +28,7 @@ from core.flags import (
     floats,
 )
 from data import AUGMENT, DATASETS, HELD_OUT, LABEL_FRACTION, LABEL_NOISE, LABELS, LONG_TAIL, MULTICROP, dataset_info
+from data.labels import TRAIN_SUBSET
 from evaluation.knn import MONITOR
 from evaluation.probes import FINETUNE, LINEAR_PROBE, PROBES
 from methods import METHODS, add_method_flags, apply_method_flags, get_method
@@ -42,9 +43,9 @@ from training.steps import CARROT_FLAGS, CE_LOSS, ONE_STAGE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours); the encoder's part is
 # in the middle of the name (encoder_options.encoder_tag), its checks first.
-FEATURES = [ENCODER, LABELS, LONG_TAIL, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE, PRECISION,
-            AUGMENT, CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE, MULTICROP,
-            LINEAR_PROBE, HELD_OUT, TRACKER]
+FEATURES = [ENCODER, LABELS, LONG_TAIL, TRAIN_SUBSET, LABEL_NOISE, QUEUE, CARROT_FLAGS, CE_LOSS, ONE_STAGE, SCHEDULE,
+            PRECISION, AUGMENT, CHUNKS, MONITOR, PROBES, REPRODUCIBILITY, COMPILE, OPTIMIZER, LABEL_FRACTION, FINETUNE,
+            MULTICROP, LINEAR_PROBE, HELD_OUT, TRACKER]
 
 SCRIPT_DEFAULTS = {     # SupContrast's, per script
     'supcon': dict(epochs=1000, learning_rate=0.05, lr_decay_epochs='700,800,900', lr_decay_rate=0.1,
@@ -74,12 +75,12 @@ def _core_flags(p, script):
     run.add_argument('--syncBN', action='store_true', help='synchronized BatchNorm across torchrun processes (CUDA)')
     data = p.add_argument_group('data')
     data.add_argument('--dataset', choices=DATASETS, default='digits', help='the dataset (the table: data/sources.py)')
-    data.add_argument('--data_folder', default=None, help='where the dataset\'s files are (default: ./datasets/)')
+    data.add_argument('--data_folder', default=None, help='where the dataset\'s files are (default: the dataset\'s)')
     data.add_argument('--mean', type=floats, default=None, help='per-channel mean, e.g. "(0.5, 0.5, 0.5)" '
                                                                  '(default: the dataset\'s)')
     data.add_argument('--std', type=floats, default=None, help='per-channel std, e.g. "(0.25, 0.25, 0.25)" '
                                                                 '(default: the dataset\'s)')
-    data.add_argument('--size', type=int, default=None, help='image size (default: 16 for digits, 32 otherwise)')
+    data.add_argument('--size', type=int, default=None, help='image size (default: the dataset\'s, data/sources.py)')
     data.add_argument('--batch_size', type=int, default=256, help='batch size (the global batch under torchrun)')
     data.add_argument('--num_workers', type=int, default=16, help='data loading workers (capped at the CPU count)')
     model = p.add_argument_group('model and loss')
@@ -238,7 +239,7 @@ def parse_option(script, argv=None):
         if named:
             raise UserError(f'{e} ({", ".join(named)} set by {source})') from None
         raise
-    opt.data_folder = './datasets/' if opt.data_folder is None else opt.data_folder
+    opt.data_folder = (info.data_folder or './datasets/') if opt.data_folder is None else opt.data_folder
     opt.num_workers = min(opt.num_workers, os.cpu_count() or 1)
     opt.local_batch_size = opt.batch_size    # engine.setup divides it over torchrun processes
     opt.run_name = run_name(opt, script)

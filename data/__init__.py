@@ -18,6 +18,7 @@ from .labels import (
     LABELS,
     LONG_TAIL,
     NOISE_KINDS,
+    TRAIN_SUBSET,
     Relabeled,
     announce_label_fraction,
     class_counts,
@@ -54,7 +55,7 @@ from .views import MULTICROP, MultiCropTransform, TwoCropTransform, build_transf
 
 __all__ = ['AUGMENT', 'CIFAR10', 'CIFAR100', 'CIFAR100_COARSE', 'CIFAR100_SUPERCLASSES', 'DATASETS', 'DIGITS_COARSE',
            'DIGITS_SUPERCLASSES', 'HELD_OUT', 'IMAGENET100_CLASSES', 'LABELS', 'LABEL_FRACTION', 'LABEL_NOISE',
-           'LONG_TAIL', 'MULTICROP', 'NOISE_KINDS', 'STL10', 'CachedImages', 'DatasetInfo', 'Digits',
+           'LONG_TAIL', 'MULTICROP', 'NOISE_KINDS', 'STL10', 'TRAIN_SUBSET', 'CachedImages', 'DatasetInfo', 'Digits',
            'MultiCropTransform', 'Relabeled', 'TwoCropTransform', 'announce_label_fraction', 'build_dataset',
            'build_loader', 'build_transform', 'cached_images', 'class_counts', 'classes_to_classify', 'coarse_labels',
            'contrastive_views', 'dataset_info', 'evaluated_parts', 'evaluation_loaders', 'held_out_labels',

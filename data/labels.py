@@ -99,6 +99,24 @@ def labelled_fraction(targets, fraction, seed=0):
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
+def balanced_subset(targets, n, seed=0):
+    """Sorted positions of a class-balanced subset of ``n`` of ``targets`` (``--train_subset``): each of the C classes
+    gives ``n // C`` images, the first ``n % C`` classes one more, drawn by ``seed`` (a stream of its own, not
+    ``--seed``: every run and stage trains on the same images). A class with fewer images than its share is a
+    :class:`UserError`."""
+    targets = np.asarray(targets)
+    classes, counts = np.unique(targets, return_counts=True)
+    shares = [n // len(classes) + (i < n % len(classes)) for i in range(len(classes))]
+    short = [(c, have, want) for c, have, want in zip(classes, counts, shares) if have < want]
+    if short:
+        c, have, want = short[0]
+        raise UserError(f'--train_subset {n} takes {want} images of each class, and class {c} has {have}: use at most '
+                        f'{int(counts.min()) * len(classes)}')
+    rng = np.random.RandomState(seed % 2 ** 32)
+    chosen = [rng.permutation(np.flatnonzero(targets == c))[:want] for c, want in zip(classes, shares)]
+    return np.sort(np.concatenate(chosen))
+
+
 def announce_label_fraction(dataset):
     """With ``--label_fraction``: one line saying how many labelled training images the run uses (rank 0)."""
     part = getattr(dataset, 'label_fraction', None)
@@ -177,7 +195,8 @@ def _check_labels(label_granularity, eval_labels, dataset):
 LABELS = Feature(
     'labels: coarse-to-fine', check=_check_labels,
     flags={'--label_granularity': dict(choices=['fine', 'coarse'], default='fine', scripts=('supcon', 'ce'),
-                                       help='train on coarse labels: the 20 CIFAR-100 superclasses, or 5 digit groups'),
+                                       help='train on coarse labels: the 20 CIFAR-100 superclasses, 5 digit groups or '
+                                            '3 Fashion-MNIST groups'),
            '--eval_labels': dict(choices=['fine', 'coarse'], default='fine', scripts=('linear',),
                                  help='labels of the linear classifier (fine: CIFAR-100 classes / digits)')},
     run_name=lambda label_granularity, eval_labels: ('_coarse' if label_granularity == 'coarse' else '')
@@ -239,6 +258,28 @@ LABEL_NOISE = Feature(
     run_name=lambda label_noise, label_noise_kind, val_noise: (
         (f'_noise_{"" if label_noise_kind == "symmetric" else label_noise_kind + "_"}{label_noise}'
          if label_noise else '') + ('_valnoise' if val_noise == 'same' else '')))
+
+
+def _check_subset(train_subset, subset_seed, dataset, given):
+    check(train_subset >= 0, f'--train_subset must be >= 0 (0: the whole training split), got {train_subset}')
+    check(train_subset > 0 or 'subset_seed' not in given, '--subset_seed draws --train_subset: give it too')
+    check(not train_subset or not dataset_info(dataset).long_tail,
+          f'--train_subset draws a class-balanced subset, and --dataset {dataset} is long-tailed: use --imb_factor')
+    check(not train_subset or dataset_info(dataset).labelled is None,
+          f'--train_subset draws by class, and --dataset {dataset} has unlabelled images')
+    check(0 <= subset_seed < 2 ** 32, f'--subset_seed must be in [0, 2^32), got {subset_seed}')
+
+
+TRAIN_SUBSET = Feature(
+    'a class-balanced training subset (docs/USAGE.md, "Datasets")', check=_check_subset,
+    flags={'--train_subset': dict(type=int, default=0,
+                                  help='train on N images of the training split, as many of each class, drawn by '
+                                       '--subset_seed (the same images in every run and stage; the held-out part of '
+                                       '--val_split comes out of them; the test split stays whole; 0: all)'),
+           '--subset_seed': dict(type=int, default=0,
+                                 help='seed of the --train_subset draw (its own, not --seed)')},
+    run_name=lambda train_subset, subset_seed: (f'_subset_{train_subset}' + (f'_{subset_seed}' if subset_seed else '')
+                                                if train_subset else ''))
 
 
 def _check_held_out(val_split, split_seed, eval_split, dataset, given, test_every, script):

@@ -17,6 +17,7 @@ from .folders import CachedImages, cached_images
 from .labels import (
     HELD_OUT_NOISE_SEED,
     Relabeled,
+    balanced_subset,
     coarse_labels,
     labelled_fraction,
     long_tail_indices,
@@ -30,15 +31,15 @@ PARTS = ('train', 'val', 'test')
 
 
 def build_dataset(opt, part, transform, granularity=None):
-    """A part of ``opt.dataset`` with ``transform``: ``'train'`` (the training split less the held-out part of
-    ``--val_split``), ``'val'`` (that held-out part) or ``'test'`` (the test split). Long-tailed for ``*_lt``
-    training sets (balanced test sets), with coarse labels for ``granularity='coarse'`` (default:
-    ``--label_granularity``); the training part also with ``--label_fraction`` and ``--label_noise`` applied
+    """A part of ``opt.dataset`` with ``transform``: ``'train'`` (the training split, or its ``--train_subset``, less
+    the held-out part of ``--val_split``), ``'val'`` (that held-out part) or ``'test'`` (the test split, always whole).
+    Long-tailed for ``*_lt`` training sets (balanced test sets), with coarse labels for ``granularity='coarse'``
+    (default: ``--label_granularity``); the training part also with ``--label_fraction`` and ``--label_noise`` applied
     (after the coarse mapping; ``dataset.label_noise`` then describes it, see :func:`save_label_noise`). The held-out
-    part is a stratified draw of ``--split_seed`` from the (long-tailed) training split by its fine labels, before
-    any other label operation, so every stage and seed holds out the same images; its labels stay clean, as the test
-    split's, unless ``--val_noise same`` (``opt.held_out_noise``): then they get the training labels' rate and kind
-    of noise, drawn by ``--seed`` from a stream of their own."""
+    part is a stratified draw of ``--split_seed`` from the (long-tailed) training split by its fine labels, before any
+    other label operation, so every stage and seed holds out the same images; its labels stay clean, as the test
+    split's, unless ``--val_noise same`` (``opt.held_out_noise``): then they get the training labels' rate and kind of
+    noise, drawn by ``--seed`` from a stream of their own."""
     if part not in PARTS:
         raise ValueError(f'part must be one of {PARTS}, got {part!r}')
     info = dataset_info(opt.dataset)
@@ -52,6 +53,8 @@ def build_dataset(opt, part, transform, granularity=None):
     else:
         base = info.load(opt.data_folder, opt.size, train, transform)
     indices = long_tail_indices(base.targets, opt.imb_factor, seed=0) if info.long_tail and train else None
+    if train and opt.train_subset:                  # a class-balanced subset, the same in every run and stage
+        indices = balanced_subset(base.targets, opt.train_subset, opt.subset_seed).tolist()
     if train and opt.val_split > 0:                 # the held-out part: the same images in every stage and run
         pool = np.arange(len(base)) if indices is None else np.asarray(indices)
         kept, held = split_train_val(np.asarray(base.targets)[pool], opt.val_split, opt.split_seed)
@@ -128,8 +131,8 @@ def last_batch_of_one(n, world_size, batch_size):
 
 def in_memory_images(dataset):
     """``(uint8 [N, H, W, C] numpy array, targets list)`` of a dataset whose images are held in memory:
-    :class:`Digits`, torchvision's CIFAR, and the views of them that this module builds (``Relabeled`` subsets
-    and label maps, ``Subset``, ``IndexedDataset``): what ``--augment device`` puts on the device."""
+    :class:`Digits`, Fashion-MNIST, torchvision's CIFAR, and the views of them that this module builds (``Relabeled``
+    subsets and label maps, ``Subset``, ``IndexedDataset``): what ``--augment device`` puts on the device."""
     if isinstance(dataset, IndexedDataset):
         return in_memory_images(dataset.base)
     if isinstance(dataset, Subset):
@@ -146,8 +149,8 @@ def in_memory_images(dataset):
     data = getattr(dataset, 'data', None)
     if isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4:
         return data, list(dataset.targets)
-    raise UserError(f'--augment device needs a training set held in memory (digits, cifar10, cifar100 and their '
-                    f'_lt and coarse forms), not {type(dataset).__name__}; use --augment cpu')
+    raise UserError(f'--augment device needs a training set held in memory (digits, fashion_mnist, cifar10, '
+                    f'cifar100 and their _lt and coarse forms), not {type(dataset).__name__}; use --augment cpu')
 
 
 def _check_augment(augment, dataset, randaugment, n_views, image_cache, device):

@@ -1,7 +1,8 @@
 """The dataset table (``DATASETS``: one :class:`DatasetInfo` row per ``--dataset``) and the readers of the datasets
 held in memory as one uint8 array: ``digits`` (scikit-learn's 1,797 bundled 8x8 handwritten digits, a fixed stratified
 80/20 split, upsampled to ``--size`` and made RGB), CIFAR-10/100 (torchvision's python-version files under
-``--data_folder``, downloaded when possible), STL-10 (its binary files). Every reader checks what it reads (counts
+``--data_folder``, downloaded when possible), STL-10 (its binary files); Fashion-MNIST's reader is
+``data/fashion_mnist.py``. Every reader checks what it reads (counts
 that match, labels in range, sizes that fit) and says what is wrong in one line naming the file. The image-file
 datasets' readers are in ``data/folders.py``; their loaders (a few lines each) are here, beside their rows.
 
@@ -22,6 +23,7 @@ from torchvision import datasets
 from core.flags import UserError
 from training.distributed import barrier, is_main
 
+from . import fashion_mnist
 from .folders import TinyImageNetVal, _class_folders, _image_folder
 
 # CIFAR-100's 20 superclasses (Krizhevsky 2009), 5 fine classes each. Fine and coarse indices are
@@ -302,7 +304,8 @@ class DatasetInfo:
     names)`` or ``None``; ``long_tail``: the training split is LDAM's long-tailed subset
     (``--imb_factor``); ``augment``: ``'natural'`` (crop + flip) or ``'digits'`` (no flips,
     milder crops); ``resize_eval``: resize + centre-crop test images to ``--size``;
-    ``needs_folder``: ``--data_folder`` must be given; ``in_memory``: the training images are one array in
+    ``needs_folder``: ``--data_folder`` must be given; ``data_folder``: its default where not ``./datasets/``;
+    ``in_memory``: the training images are one array in
     memory (what ``--augment device`` puts on the device); ``labelled``: for a training set with unlabelled images
     (label -1: methods without labels only), the dataset its encoder is evaluated on."""
     load: Callable
@@ -314,6 +317,7 @@ class DatasetInfo:
     augment: str = 'natural'
     resize_eval: bool = False
     needs_folder: bool = False
+    data_folder: Optional[str] = None
     in_memory: bool = True
     labelled: Optional[str] = None
 
@@ -342,6 +346,9 @@ DATASETS = {
                           coarse=(DIGITS_COARSE, list(DIGITS_SUPERCLASSES)), augment='digits'),
     'digits_lt': DatasetInfo(_digits, _DIGITS_MEAN_STD, size=16, model='resnet_tiny',
                              coarse=(DIGITS_COARSE, list(DIGITS_SUPERCLASSES)), augment='digits', long_tail=True),
+    'fashion_mnist': DatasetInfo(fashion_mnist.load, fashion_mnist.MEAN_STD, size=28, model='resnet18',
+                                 coarse=(fashion_mnist.COARSE, list(fashion_mnist.SUPERCLASSES)),
+                                 data_folder=fashion_mnist.DEBIAN_FOLDER),
     'cifar10': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD),
     'cifar100': DatasetInfo(_cifar(CIFAR100), _CIFAR100_MEAN_STD, coarse=_CIFAR100_COARSE),
     'cifar10_lt': DatasetInfo(_cifar(CIFAR10), _CIFAR10_MEAN_STD, long_tail=True),

@@ -46,7 +46,7 @@ KEYS = {'name': 'the sweep\'s folder: <save_folder>/sweeps/<name>/',
         'base': 'flags of every run (each script takes those it has)',
         'methods': 'label -> script and its flags (stage 1)',
         'grid': 'further axes of stage 1: flag -> values, or axis -> {value label: flags}',
-        'seeds': '--seed of every cell: a list, or N for 0..N-1',
+        'seeds': '--seed of every cell: a list, or N for 0..N-1 (with tune: the N seeds after the tuning\'s)',
         'linear': 'the flags of one evaluation named linear (main_linear.py on the stage-1 last.pth)',
         'evaluations': 'name -> the flags of an evaluation (main_linear.py on the stage-1 last.pth); a value '
                        '\'{flag}\' is the cell\'s stage-1 value of that flag',
@@ -249,6 +249,7 @@ def read(path, save_folder=None, check=True):
     if data.get('tune') is not None:
         from sweeping.tune_spec import read_spec
         tune = read_spec(data['tune'], method_space, where, entries, axes, evaluations, base, check)
+        seeds = fresh_seeds(data['seeds'], seeds, tune, where)
     elif any(v is not None for v in method_space.values()):
         label = next(k for k, v in method_space.items() if v is not None)
         raise SweepError(f'{where} methods.{label}.tune: a method\'s own search space needs the file\'s tune: section')
@@ -290,6 +291,21 @@ def read(path, save_folder=None, check=True):
     if check:
         check_base(base, entries, evaluations, where)
     return sweep
+
+
+def fresh_seeds(given, seeds, tune, where):
+    """A tuned sweep's cells run on seeds that no trial or confirmation ran with (docs/USAGE.md, "Tuning"):
+    ``seeds: N`` is the first N seeds after the tuning's (``tune.seed`` and ``confirm:``'s seeds); a list that
+    holds one of the tuning's seeds is a :class:`SweepError`."""
+    used = sorted({tune.seed, *(tune.confirm['seeds'] if tune.confirm else [])})
+    if isinstance(given, int) and not isinstance(given, bool):
+        return list(range(used[-1] + 1, used[-1] + 1 + given))
+    overlap = sorted(set(seeds) & set(used))
+    if overlap:
+        raise SweepError(f'{where} seeds: {overlap[0]} is a seed the tuning ran with (tune.seed and confirm: '
+                         f'{", ".join(map(str, used))}): a tuned sweep tests on other seeds (seeds: N gives the N '
+                         f'after them)')
+    return seeds
 
 
 def build_stages(script, stage1_flags, evaluations, base, folder, where, method, check=True):

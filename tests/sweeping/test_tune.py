@@ -37,7 +37,7 @@ def tuned(path, **changes):
     spec = dict(name='tuned', base={**TINY, 'epochs': 3},
                 methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1},
                          'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}},
-                seeds=[0, 1], linear={'epochs': 1, 'learning_rate': 1},
+                seeds=[1, 2], linear={'epochs': 1, 'learning_rate': 1},
                 tune={'trials': 3, 'space': SPACE, 'val_split': 0.2}, compare={'baseline': 'SupCon'})
     spec.update(changes)
     return write(path, **spec)
@@ -45,7 +45,7 @@ def tuned(path, **changes):
 
 def ce_only(path, trials=3, epochs=1, **changes):
     """One CE study (one process per trial): the cheapest tuning."""
-    spec = dict(name='ce', base={**TINY, 'epochs': epochs}, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0],
+    spec = dict(name='ce', base={**TINY, 'epochs': epochs}, methods={'CE': {'script': 'main_ce.py'}}, seeds=[1],
                 linear=None, compare=None, tune={'trials': trials, 'space': {'learning_rate': SPACE['learning_rate']},
                                                  'val_split': 0.2, 'pruning': False})
     spec.update(changes)
@@ -116,6 +116,21 @@ def test_other_bad_tuning_files_are_one_line(tmp_path):
         assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save'), words)
 
 
+def test_a_tuned_sweep_tests_on_seeds_that_no_trial_or_confirmation_ran_with(tmp_path):
+    """seeds: N of a tuned file is the N seeds after the tuning's (tune.seed, then confirm:'s seeds); a list that
+    holds one of those is one line. A file without tune: keeps 0..N-1."""
+    from sweeping import plan as sweep_plan
+    confirm = {'trials': 5, 'space': SPACE, 'val_split': 0.2, 'seed': 4, 'confirm': {'top': 1, 'seeds': [0, 9]}}
+    for tune, seeds, want in [({'trials': 3, 'space': SPACE, 'val_split': 0.2}, 3, [1, 2, 3]),
+                              (confirm, 2, [10, 11]), (confirm, [1, 2, 5], [1, 2, 5]), (None, 2, [0, 1])]:
+        path = tuned(tmp_path / 's.yaml', seeds=seeds, tune=tune)
+        cells = sweep_plan.read(str(path), str(tmp_path / 'save')).cells
+        assert sorted({c.seed for c in cells}) == want
+    path = tuned(tmp_path / 's.yaml', seeds=[1, 9], tune=confirm)
+    assert_one_line_error(run_in_process('sweep.py', path, '--dry-run', '--save_folder', tmp_path / 'save'),
+                          'seeds: 9 is a seed the tuning ran with', '0, 4, 9', 'seeds: N')
+
+
 def test_a_sweep_without_tune_does_not_import_optuna(tmp_path):
     """(In a script forked from the suite's script server, which imports torch but not Optuna: a fresh interpreter
     would spend seconds importing torch for the plan's commands.)"""
@@ -136,7 +151,7 @@ def test_the_status_of_a_tuned_sweep_imports_neither_torch_nor_optuna(tmp_path):
     out = subprocess.run([sys.executable, '-c', code, str(path), str(tmp_path / 'save')], cwd=ROOT,
                          capture_output=True, text=True, env=script_env(), timeout=300)
     assert out.stdout.strip().splitlines()[-1] == 'False False', out.stdout + out.stderr
-    assert 'SupCon: 0 of 3 trials' in out.stdout and '| SupCon seed 0 | tuning | tuning |' in out.stdout
+    assert 'SupCon: 0 of 3 trials' in out.stdout and '| SupCon seed 1 | tuning | tuning |' in out.stdout
 
 
 def test_the_expected_best_of_n_trials_is_the_mean_maximum_over_all_draws():
@@ -184,7 +199,7 @@ def test_a_method_tunes_the_flags_its_runs_take(tmp_path):
 @pytest.fixture(scope='module')
 def tuned_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp('tuned')
-    path = tuned(root / 's.yaml', base={**TINY, 'epochs': 2}, seeds=[0])
+    path = tuned(root / 's.yaml', base={**TINY, 'epochs': 2}, seeds=[1])
     out = sweep(path, '--save_folder', root / 'save', '--jobs', 2)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return path, root / 'save' / 'sweeps' / 'tuned', out
@@ -502,7 +517,7 @@ def test_confirmation_runs_count_in_the_budget_choose_by_the_mean_and_resume_wit
     in all, the budget); best.json is the trial with the higher mean of its two seeds' held-out results (read from the
     runs' own results.json). A call killed (SIGKILL) during the second confirmation run, then called again, redoes
     neither the trials nor the first confirmation, and chooses the same."""
-    path = ce_only(tmp_path / 's.yaml', epochs=1, tune={
+    path = ce_only(tmp_path / 's.yaml', epochs=1, seeds=[2], tune={
         'trials': 4, 'space': {'learning_rate': SPACE['learning_rate']}, 'val_split': 0.2, 'pruning': False,
         'confirm': {'top': 2, 'seeds': 1}})
     folder = tmp_path / 'save' / 'sweeps' / 'ce'
