@@ -309,6 +309,12 @@ def tune(sweep, cells, args):
               f'python sweep.py {args.file} continues them', file=sys.stderr)
         return 143 if e.signum == 15 else 130
     print(tuning_status(sweep, cells), flush=True)
+    hopeless = [s for s in unfinished if s.name in tuner.without_choice]
+    if hopeless:
+        print(f'sweep.py: error: every trial of {", ".join(s.label for s in hopeless)} diverged, leaving no value to '
+              f'choose from: narrow the space (a lower learning rate) in {args.file}, or give the budget more trials',
+              file=sys.stderr)
+        return 1
     if unfinished:
         print(f'sweep.py: tuning not finished for {", ".join(s.label for s in unfinished)} (a trial crashed: its '
               f'log is in its trial folder); python sweep.py {args.file} retries it', file=sys.stderr)

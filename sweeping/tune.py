@@ -180,6 +180,7 @@ class Tuner:
                                 f'{len(opt_study.trials) + spec.confirm_runs} or more, or tune in a new save_folder')
         self.running = {}           # (study name, trial number) -> Running
         self.crashed = set()
+        self.without_choice = set()     # studies whose every trial diverged with no value (a minimized objective)
         self.confirming = {}        # (study name, trial number, seed) -> (study, optuna study, launcher, cell)
 
     def ask(self, study, opt_study):
@@ -396,9 +397,11 @@ class Tuner:
                            'folder': os.path.join(study.folder, f'trial_{t.number}')})
         complete = [t for t in trials if t['state'] in ('complete', 'diverged') and t['value'] is not None]
         best = None
-        if complete:
-            pick = max if self.spec.direction == 'maximize' else min
-            best = pick(complete, key=lambda t: (t['value'] if pick is max else -t['value'], -t['number']))
+        if complete:            # the best value, ties: the earlier trial
+            if self.spec.direction == 'maximize':
+                best = max(complete, key=lambda t: (t['value'], -t['number']))
+            else:
+                best = min(complete, key=lambda t: (t['value'], t['number']))
             best = {'number': best['number'], 'value': best['value'], 'params': best['params']}
         runs, confirmed = self.confirmed_best(study, opt_study) if self.spec.confirm else ([], None)
         record = {'study': study.name, 'method': study.method, 'axes': study.chosen, 'budget': self.spec.trials,
@@ -414,8 +417,10 @@ class Tuner:
         os.replace(tmp, os.path.join(study.folder, STUDY))
         finished = len(trials) >= self.spec.search_trials and all(t['state'] != 'running' and t['state'] != 'crashed'
                                                                   for t in trials)
-        if self.spec.confirm:              # then the confirmation runs, and the choice by their means
-            finished, best = finished and confirmed is not None, confirmed
+        if self.spec.confirm and not (finished and not runs):   # then the confirmation runs, the choice by their
+            finished, best = finished and confirmed is not None, confirmed       # means (none: every trial diverged)
+        if finished and best is None:      # every trial diverged without a value: nothing to choose from
+            self.without_choice.add(study.name)
         if finished and best is not None and self.spec.tuned(self.sweep.folder, study.method, study.chosen) is None:
             with open(os.path.join(study.folder, BEST), 'w') as f:
                 json.dump({'flags': best['params'], 'trial': best['number'], 'value': best['value'],

@@ -623,3 +623,56 @@ def test_the_parallel_coordinate_plot_shows_every_trial_and_its_colour_bar_clear
                 for label in a.get_yticklabels() if label.get_text())
     assert bar.get_window_extent(renderer).x0 > ticks
     plt.close(figure)
+
+
+def _tuner_with(tmp_path, metric, outcomes, confirm=None):
+    """A Tuner of a CE study whose search trials ended as ``outcomes`` (a value, or 'diverged' recorded as the
+    tuner records one), recorded once; returns (tuner, study, its best.json or None)."""
+    import optuna
+
+    from sweeping import plan as sweep_plan
+    from sweeping import tune as tuning
+    spec = {'trials': len(outcomes) + (confirm['top'] * confirm['seeds'] if confirm else 0),
+            'space': {'learning_rate': SPACE['learning_rate']}, 'val_split': 0.2, 'pruning': False, 'metric': metric,
+            **({'confirm': confirm} if confirm else {})}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    sweep_ = sweep_plan.read(str(ce_only(tmp_path / 's.yaml', seeds=[9], tune=spec)), str(tmp_path / 'save'))
+    tuner = tuning.Tuner(sweep_, tuning.studies_of(sweep_), say=lambda text: None)
+    study_, opt_study = tuner.studies[0]
+    for outcome in outcomes:
+        trial = tuner.ask(study_, opt_study)
+        if outcome == 'diverged':
+            trial.set_user_attr('diverged', 'error: the loss diverged')
+            if metric == 'final_val_acc':
+                opt_study.tell(trial, 0.0)
+            else:
+                opt_study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            opt_study.tell(trial, outcome)
+    tuner.record(study_, opt_study)
+    best = pathlib.Path(study_.folder) / 'best.json'
+    return tuner, study_, json.loads(best.read_text()) if best.exists() else None
+
+
+def test_a_minimized_objective_chooses_the_smallest_value(tmp_path):
+    """metric: final_val_nll: best.json is the trial of the smallest NLL (ties: the earlier); final_val_acc the
+    largest. Power: choosing by the largest NLL picks trial 1."""
+    _, _, best = _tuner_with(tmp_path / 'nll', 'final_val_nll', [2.3520, 2.3530, 2.3510, 2.3510])
+    assert (best['trial'], best['value']) == (2, 2.3510)
+    _, _, best = _tuner_with(tmp_path / 'acc', 'final_val_acc', [71.0, 73.5, 73.5, 70.0])
+    assert (best['trial'], best['value']) == (1, 73.5)
+
+
+def test_confirm_when_every_trial_diverged_chooses_or_says_why_not(tmp_path):
+    """With confirm: and every searched trial diverged there is nothing to confirm: a maximized objective chooses
+    among the diverged trials (all at the lowest score: the first), with no confirmation run; a minimized one has no
+    value to choose from and says so in one line, not 'a trial crashed'."""
+    tuner, study_, best = _tuner_with(tmp_path / 'acc', 'final_val_acc', ['diverged'] * 3,
+                                      confirm={'top': 1, 'seeds': 1})
+    assert best is not None and best['trial'] == 0 and not tuner.confirmations(*tuner.studies[0])
+    tuner, study_, best = _tuner_with(tmp_path / 'nll', 'final_val_nll', ['diverged'] * 3,
+                                      confirm={'top': 1, 'seeds': 1})
+    assert best is None and tuner.without_choice == {study_.name}
+    path = tmp_path / 'nll' / 's.yaml'
+    assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'nll' / 'save'),
+                          'every trial of', 'diverged, leaving no value to choose from', 'narrow the space')
