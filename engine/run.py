@@ -20,7 +20,7 @@ from training.distributed import all_gather_object, barrier, init_distributed, i
 from training.loop import Optimization, Trainer
 from training.monitors import CollapseWatch
 from training.run_folder import RUN, RUN_IDENTITY, hold_run_folder, writable_folder
-from training.run_log import RunLogger
+from training.run_log import RunLogger, read_metrics
 from training.runtime import (
     GENERATORS,
     describe_path,
@@ -296,11 +296,10 @@ def write_results(opt, last, best, select, **extra):
         return
     results = {f'final_{k.replace("/", "_")}': v for k, v in last.items() if k.startswith(('test/', 'val/'))}
     read = 'test/acc' in last
-    once = read and getattr(opt, 'test_every', 'epoch') == 'end'
+    once = read and opt.test_every == 'end'
     results.update(best_epoch=best['epoch'], selected_by=select,
                    selected_on='held-out' if select.startswith('val/') else 'last epoch' if once else 'test',
-                   test_split_read=read, test_read=('once, after the last epoch' if once else 'every epoch')
-                   if read else 'never')
+                   test_split_read=read, test_read=test_reads(opt.run_folder, opt.epochs) if read else 'never')
     if 'val/acc' in last:          # --val_noise: whether the part that selected had clean labels
         results['held_out_labels'] = held_out_labels(getattr(opt, 'held_out_noise', None))
     for part in ('test', 'val'):
@@ -315,6 +314,17 @@ def write_results(opt, last, best, select, **extra):
     finish_trackers({k: v for k, v in results.items() if k != 'config'}, path)
     return results
 
+
+
+def test_reads(folder, epochs):
+    """When the test split was read, from the run's metrics.csv (every epoch it measured, a resumed run's earlier
+    epochs included): ``once, after the last epoch``, ``every epoch``, or ``at epochs 1, 2 and 5``."""
+    epochs_read = [int(r['epoch']) for r in read_metrics(folder) if r.get('test/acc')]
+    if epochs_read in ([], [epochs]):          # (a run without metrics.csv: its one evaluation)
+        return 'once, after the last epoch'
+    if epochs_read == list(range(1, epochs + 1)):
+        return 'every epoch'
+    return 'at epochs ' + ', '.join(map(str, epochs_read[:-1])) + f' and {epochs_read[-1]}'
 
 
 def report_selection(last, best, select, test_once=False):

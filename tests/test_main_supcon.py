@@ -315,6 +315,8 @@ def test_compile_trains_and_its_checkpoints_load_without_it(tmp_path):
     assert not any('_orig_mod' in key for key in state['model'])
     out = run_script('main_supcon.py', *args[2:], '--epochs', 2, '--resume', ckpt)
     assert 'resumed from' in out.stdout and load(ckpt)['epoch'] == 2
+    out = run_script('main_supcon.py', *args[2:], '--epochs', 3, '--resume', ckpt, '--compile', 'off')
+    assert 'resumed from' in out.stdout and load(ckpt)['epoch'] == 3 and load(ckpt)['config']['compile'] is False
     out = run_script('main_linear.py', '--ckpt', ckpt, '--epochs', 1, '--batch_size', 128, '--augment', 'device',
                      '--num_workers', 0, '--device', 'cpu', '--save_folder', tmp_path / 'lin')
     assert 'final test top-1' in out.stdout

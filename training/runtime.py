@@ -116,6 +116,8 @@ def resolve_device(name):
         raise UserError(f'unknown --device {name!r} (auto, cpu, cuda, cuda:N)') from None
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise UserError(f'--device {name} asked for, but no CUDA device is available')
+    if device.type == 'cuda' and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f'--device {name} asked for, but this machine has {torch.cuda.device_count()} CUDA device(s)')
     return device
 
 
@@ -213,6 +215,8 @@ def resolve_precision(amp, channels_last, device):
     cores, channels-last), elsewhere SupContrast's (float32, contiguous): on a CPU exactly the values of ``none`` and
     off, so a CPU run is bit-equal to one that gives them. A value given is kept."""
     cuda = device_type(device) == 'cuda'
+    if cuda:
+        resolve_device(device)      # a CUDA device that is not there: one line before its capability is asked
     out = {}
     if amp == 'auto':
         out['amp'] = 'bf16' if cuda and bf16_autocast_fast(device) else 'none'
@@ -274,7 +278,8 @@ def _check_compile(compile, compile_backend, given):
         check(compile_backend in backends, f'--compile_backend {compile_backend} is not a torch.compile backend: '
                                            'inductor, aot_eager or eager (torch.compiler.list_backends(exclude_tags='
                                            '()) lists them all)')
-    check(compile or 'compile_backend' not in given, '--compile_backend needs --compile')
+    # (a --compile off given with it turns the compiler off: a run started with a backend resumes uncompiled)
+    check(compile or 'compile_backend' not in given or 'compile' in given, '--compile_backend needs --compile')
 
 
 COMPILE = Feature(

@@ -235,3 +235,12 @@ def test_label_noise_kind_names_the_run_and_needs_noise():
     assert parse_option('supcon', ['--label_noise', '0.4']).run_folder.endswith('_noise_0.4')
     with pytest.raises(UserError, match='--label_noise_kind needs --label_noise > 0'):
         parse_option('supcon', ['--label_noise_kind', 'pairflip'])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a CUDA device')
+def test_a_cuda_device_that_is_not_there_is_one_line_before_the_precision_asks_it(tmp_path):
+    """--device cuda without a GPU: --amp auto asks the device's bf16 support while the options are parsed; the device
+    check comes first (it was a traceback from torch's driver check)."""
+    for script in ('main_supcon.py', 'main_ce.py'):
+        for args in (['--device', 'cuda'], ['--device', 'cuda:1', '--amp', 'auto']):
+            assert_one_line_error(run_in_process(script, *args, '--save_folder', tmp_path), 'no CUDA device')

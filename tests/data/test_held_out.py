@@ -138,6 +138,13 @@ def test_with_a_held_out_part_the_test_split_is_read_once_after_the_last_epoch(t
     out, tested, results = run('last', '--test_every', 'end')
     assert tested == [3] and results['selected_on'] == 'last epoch' and results['best_epoch'] == 3
     assert 'read once, after the last epoch (3)' in out.stdout
+    # resumed for more epochs: the test split was read at the first run's last epoch and at the new last one, and
+    # results.json says so (it said 'once, after the last epoch', what the flag asked)
+    last = os.path.join(only_run_folder(tmp_path / 'last'), 'last.pth')
+    run_script('main_ce.py', *digits[:-4], '--epochs', 4, '--learning_rate', 0.1, '--test_every', 'end',
+               '--resume', last)
+    results = json.loads(open(os.path.join(os.path.dirname(last), 'results.json')).read())
+    assert results['test_read'] == 'at epochs 3 and 4'
 
 
 def test_val_noise_same_gives_the_held_out_part_the_training_noise_drawn_independently():
