@@ -49,8 +49,9 @@ def main(argv=None):
     select = f'{parts[0]}/acc'
     last, best = fit(opt, ce, optim, train_loader, select=select)
     last = last or best
-    write_results(opt, last, best, select, n_train=len(train_set))
+    # the figures, then results.json (which finishes the trackers: their lines, where each wrote, come last)
     report_selection(last, best, select, opt.test_every == 'end')
+    write_results(opt, last, best, select, n_train=len(train_set))
 
 
 if __name__ == '__main__':

@@ -36,9 +36,10 @@ from data import (
     long_tail_class_counts,
     save_label_noise,
 )
-from engine.run import fit, report_selection, setup, write_results
+from engine.run import fit, open_trackers, report_selection, setup, write_results
 from evaluation.knn import extract_features, knn_predict
 from evaluation.probes import LinearProbe, few_shot_indices, linear_probe, within_superclass_accuracy
+from tracking.trackers import finish as finish_trackers
 from training.checkpoint import load_encoder
 from training.distributed import is_main
 from training.loop import Optimization
@@ -106,15 +107,19 @@ def main(argv=None):
             raise UserError(f'{opt.run_folder} already holds results.json of this probe: start another with a new '
                             f'--trial or --save_folder (or --shot_seed for other draws)')
         print(f'run folder: {opt.run_folder}')
+        if is_main():      # the probe's W&B / MLflow run: its flags, then its results
+            open_trackers(opt, resumed=False)
         results = few_shot(frozen, opt.eval_labels, opt.shots, opt.shot_draws, opt.shot_seed, opt.knn_k, opt.knn_t,
                            probed)
         if opt.within_superclass:
             results[f'final_{probed}_within_superclass_acc'] = superclass_probe()
         if is_main():
-            with open(os.path.join(opt.run_folder, 'results.json'), 'w') as f:
-                held = {'held_out_labels': held_out_labels(opt.held_out_noise)} if opt.val_split else {}
+            path = os.path.join(opt.run_folder, 'results.json')
+            held = {'held_out_labels': held_out_labels(opt.held_out_noise)} if opt.val_split else {}
+            with open(path, 'w') as f:
                 json.dump({**results, **held, 'ckpt': os.path.abspath(opt.ckpt), 'config': config_dict(opt)}, f,
                           indent=2)
+            finish_trackers({**results, **held}, path)
         return
     # the classifier's labels: --eval_labels (fine labels for a coarse-trained encoder: coarse-to-fine)
     train_set = build_dataset(opt, 'train', build_transform(opt, 'train'), opt.eval_labels)
@@ -143,8 +148,9 @@ def main(argv=None):
             print(f'warning: {warning}', file=sys.stderr, flush=True)
             with open(os.path.join(opt.run_folder, 'warnings.txt'), 'a') as f:
                 f.write(f'after epoch {opt.epochs}: {warning}\n')
-    write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)
+    # the figures, then results.json (which finishes the trackers: their lines, where each wrote, come last)
     report_selection(last, best, select, opt.test_every == 'end')
+    write_results(opt, last, best, select, ckpt=os.path.abspath(opt.ckpt), **extra)
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ import signal
 import sys
 
 from core.flags import UserError
+from tracking.trackers import finish as finish_trackers
 from training.run_folder import interrupt_message, release_run_folder
 
 
@@ -41,6 +42,15 @@ def error_line(error):
     return message
 
 
+def close_trackers(status):
+    """Finish the run's open W&B and MLflow runs as ``FAILED`` or ``KILLED`` (a run that ends well finishes them
+    with its results); a tracker that cannot be reached now does not hide the run's own error."""
+    try:
+        finish_trackers(status=status)
+    except Exception:
+        pass
+
+
 def run_cli(main):
     """Run ``main()``; a :class:`UserError`, Ctrl-C or SIGTERM becomes a one-line message and a non-zero exit."""
     prog = os.path.basename(sys.argv[0])
@@ -52,14 +62,17 @@ def run_cli(main):
     try:
         main()
     except UserError as e:
+        close_trackers('FAILED')
         print(f'{prog}: error: {error_line(e)}', file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as e:
+        close_trackers('KILLED')
         under_torchrun = isinstance(e, Interrupted) and int(os.environ.get('WORLD_SIZE', '1')) > 1
         print(f'{prog}: ' + interrupt_message('interrupted (torchrun stops every process when one fails or when it is '
                                               'stopped itself)' if under_torchrun else 'interrupted'), file=sys.stderr)
         sys.exit(143 if isinstance(e, Interrupted) else 130)
     except Exception as e:
+        close_trackers('FAILED')
         if not (dist.is_available() and dist.is_initialized() and peer_died(e)):
             raise
         detail = re.sub(r'^\[[^\]]*\]\s*', '', error_line(e)).split('. ')[0][:100]      # gloo: [file:line] text.

@@ -200,12 +200,8 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
         print(f'resumed from {opt.resume} at epoch {start - 1}')
     logger = None
     if is_main():      # TensorBoard and the --tracker runs (W&B, MLflow: tracking/trackers.py), with the flags
-        names = parse_trackers(opt.tracker)
-        trackers = start_trackers([n for n in names if n != 'tensorboard'], opt.run_folder,
-                                  os.path.basename(os.path.normpath(opt.run_folder)), config_dict(opt), start > 1,
-                                  project=opt.tracker_project, uri=opt.tracker_uri, group=opt.tracker_group,
-                                  tags=parse_tags(opt.tracker_tags))
-        logger = RunLogger(opt.run_folder, start, 'tensorboard' in names, trackers)
+        logger = RunLogger(opt.run_folder, start, 'tensorboard' in parse_trackers(opt.tracker),
+                           open_trackers(opt, start > 1))
     for notice in notices:
         print(f'note: {notice}', flush=True)
         if logger is not None:
@@ -271,6 +267,14 @@ def epoch_line(epoch, epochs, scalars, elapsed, left):
         shown += ' | encoder ' + ', '.join(collapse)
     return (f'epoch {epoch}/{epochs} ({scalars["train/epoch_time"]:.1f}s; {clock(elapsed)} elapsed, about '
             f'{clock(left)} left): {shown}')
+
+
+def open_trackers(opt, resumed):
+    """The run's W&B and MLflow runs (``--tracker``; TensorBoard is the run logger's own), with its flags; rank 0."""
+    return start_trackers([n for n in parse_trackers(opt.tracker) if n != 'tensorboard'], opt.run_folder,
+                          os.path.basename(os.path.normpath(opt.run_folder)), config_dict(opt), resumed,
+                          project=opt.tracker_project, uri=opt.tracker_uri, group=opt.tracker_group,
+                          tags=parse_tags(opt.tracker_tags))
 
 
 def resume_rng(ckpt, start, seed):

@@ -13,6 +13,7 @@ trackers, ``engine.run.write_results`` finishes them with the results (or the en
 without results.json).
 """
 import atexit
+import contextlib
 import json
 import math
 import netrc
@@ -62,8 +63,9 @@ def missing_package(name):
     module, install = PACKAGES[name]
     try:
         __import__(module)
-    except ImportError as e:
-        return (f'--tracker {name} needs the package {module}, which does not import here ({e}): {install} '
+    except Exception as e:       # missing (ImportError), or broken in another way: its own error, named
+        reason = f'{type(e).__name__}: {(str(e).splitlines() or [""])[0][:120]}'
+        return (f'--tracker {name} needs the package {module}, which does not import here ({reason}): {install} '
                 '(or pip install -r requirements-trackers.txt)')
     if name == 'mlflow':
         try:
@@ -75,12 +77,89 @@ def missing_package(name):
     return None
 
 
-def check(tracker, tracker_tags):
-    for name in parse_trackers(tracker):
+WANDB_MODES = ('online', 'offline', 'disabled', 'shared', 'dryrun', 'run')
+WANDB_TAG_LENGTH = 64       # W&B refuses a longer tag
+MLFLOW_SCHEMES = ('sqlite', 'postgresql', 'mysql', 'mssql', 'http', 'https', 'file', 'databricks')
+
+
+def check(tracker, tracker_tags, tracker_project, tracker_uri, resume):
+    """Everything the trackers would refuse, found while the options are parsed (before data, model or run folder):
+    packages, tags, the project, W&B's mode and login, MLflow's URI and a resumed run's ``trackers.json``."""
+    names = parse_trackers(tracker)
+    for name in names:
         why = missing_package(name)
         if why:
             raise UserError(why)
-    parse_tags(tracker_tags)
+    tags = parse_tags(tracker_tags)
+    if not names:
+        return
+    if not str(tracker_project).strip():
+        raise UserError('--tracker_project names the W&B project and the MLflow experiment: give a name, not an empty '
+                        'one')
+    if 'wandb' in names:
+        long = [f'{k}={v}' for k, v in tags.items() if k != 'job_type' and len(f'{k}={v}') > WANDB_TAG_LENGTH]
+        if long:
+            raise UserError(f'--tracker_tags: W&B takes tags of at most {WANDB_TAG_LENGTH} characters, and '
+                            f'{long[0][:40]}... has {len(long[0])}')
+        mode = os.environ.get('WANDB_MODE')
+        if mode is not None and mode not in WANDB_MODES:
+            raise UserError(f'WANDB_MODE={mode} is not a W&B mode: {", ".join(WANDB_MODES[:4])} (--tracker wandb)')
+        if mode == 'online' and not wandb_logged_in():
+            raise UserError('WANDB_MODE=online, but W&B has no login here: run wandb login (or set WANDB_API_KEY), '
+                            'or leave WANDB_MODE unset to log offline')
+    if 'mlflow' in names and tracker_uri is not None:
+        check_mlflow_uri(tracker_uri)
+    if resume:
+        path = os.path.join(os.path.dirname(os.path.abspath(resume)), IDS_FILE)
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    ids = json.load(f)
+                if not isinstance(ids, dict):
+                    raise ValueError('not a mapping')
+            except (OSError, ValueError) as e:
+                raise UserError(f'{path} cannot be read ({type(e).__name__}): it holds the ids that --resume '
+                                f'continues the tracker runs with; restore it, or move it away to start new tracker '
+                                f'runs') from None
+
+
+def check_mlflow_uri(uri):
+    """``--tracker_uri``: a scheme MLflow knows; a SQLite file that is a database when it exists, in a folder (or
+    where one can be made); a file store's folder; a server that answers (5 s). Else a :class:`UserError`."""
+    scheme, sep, rest = uri.partition('://')
+    if not sep:
+        if not os.path.isdir(uri):
+            raise UserError(f'--tracker_uri {uri}: no such folder (give sqlite:///path/to/mlflow.db, a folder, '
+                            f'http://host:port or another MLflow URI)')
+        return
+    if scheme.split('+')[0] not in MLFLOW_SCHEMES:
+        raise UserError(f'--tracker_uri {uri}: MLflow knows no scheme {scheme!r} (sqlite:///path/to/mlflow.db, '
+                        f'http://host:port, file:///folder, postgresql://...)')
+    if scheme == 'sqlite':                   # (a missing folder is made when the run opens the store)
+        path = rest[1:] if rest.startswith('/') else rest
+        above = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(above):
+            above = os.path.dirname(above)
+        if not os.path.isdir(above):
+            raise UserError(f'--tracker_uri {uri}: {above} is a file, not a folder that could hold the database')
+        if os.path.isdir(path):
+            raise UserError(f'--tracker_uri {uri}: {path} is a folder; name the database file in it (.../mlflow.db)')
+        if os.path.isfile(path) and os.path.getsize(path):
+            with open(path, 'rb') as f:
+                if f.read(16) != b'SQLite format 3\x00':
+                    raise UserError(f'--tracker_uri {uri}: {path} is not an SQLite database; name a new file or an '
+                                    f'MLflow store')
+    elif scheme == 'file' and not os.path.isdir(rest):
+        raise UserError(f'--tracker_uri {uri}: no such folder {rest}')
+    elif scheme in ('http', 'https'):
+        import socket
+        import urllib.parse
+        url = urllib.parse.urlsplit(uri)
+        try:
+            socket.create_connection((url.hostname, url.port or (443 if scheme == 'https' else 80)), timeout=5).close()
+        except (OSError, ValueError) as e:
+            raise UserError(f'--tracker_uri {uri}: no MLflow server answers there ({type(e).__name__}); start one '
+                            f'(mlflow server --port ...) or give another URI') from None
 
 
 TRACKER = Feature(
@@ -160,17 +239,21 @@ class WandbRun:
                               config=config, group=group, job_type=tags.get('job_type'), mode=wandb_mode(),
                               tags=[f'{k}={v}' for k, v in tags.items() if k != 'job_type'],
                               settings=wandb.Settings(silent=True))
+        self.mode = wandb_mode()
         save_ids(folder, {**load_ids(folder), 'wandb': entry})
 
     def log(self, step, scalars):
         self.run.log(numbers(scalars), step=step)
 
-    def finish(self, results, results_path):
+    def finish(self, results, results_path, status='FINISHED'):
         if results:
             self.run.summary.update(numbers(results))
         if results_path and os.path.isfile(results_path):
             self.run.save(results_path, base_path=os.path.dirname(results_path), policy='now')
-        self.run.finish()
+        self.run.finish(exit_code=0 if status == 'FINISHED' else 1)
+        where = self.run.dir if self.mode == 'online' else os.path.dirname(self.run.dir)
+        return (f'W&B: run {self.run.id} ({self.mode}) in {where}'
+                + (f'; wandb sync {where} uploads it' if self.mode == 'offline' else ''))
 
 
 def mlflow_uri(folder, uri):
@@ -205,32 +288,58 @@ def mlflow_experiment(client, uri, project):
 
 
 def mlflow_parent(client, experiment_id, group):
-    """The id of the parent run named ``group`` in the experiment (made once: the sweep's own run)."""
+    """The id of the parent run named ``group`` in the experiment (made once: the sweep's own run; called under
+    :func:`store_lock`). Matched by name here, not in a filter string, so any name works (quotes included)."""
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
-    found = client.search_runs([experiment_id], filter_string=f"tags.`{MLFLOW_RUN_NAME}` = '{group}' and "
-                                                              "tags.`supcontrast.kind` = 'group'", max_results=1)
+    found = [r for r in client.search_runs([experiment_id], filter_string="tags.`supcontrast.kind` = 'group'",
+                                           max_results=50000, order_by=['attributes.start_time ASC'])
+             if r.data.tags.get(MLFLOW_RUN_NAME) == group]
     if found:
         return found[0].info.run_id
     run = client.create_run(experiment_id, run_name=group, tags={'supcontrast.kind': 'group'})
     return run.info.run_id
 
 
+@contextlib.contextmanager
+def store_lock(folder, uri):
+    """An exclusive lock while a run sets itself up in an MLflow store: two runs starting at once on a new SQLite
+    store would both create its tables, and two runs of a new group would both make its parent run. The lock is a
+    file beside the SQLite database, else in the run folder's parent (the runs of one sweep)."""
+    import fcntl
+    path = (uri[len('sqlite:///'):] if uri.startswith('sqlite:///') else
+            os.path.join(os.path.dirname(os.path.abspath(folder)), 'mlflow')) + '.lock'
+    with open(path, 'a') as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class MlflowRun:
     """One MLflow run for a run folder, in a local store; the same run across ``--resume``."""
 
     def __init__(self, folder, name, config, tags, project, group, uri, resumed):
-        uri = mlflow_uri(folder, uri)
-        self.client = client = mlflow_client(uri)
+        uri = self.uri = mlflow_uri(folder, uri)
+        if uri.startswith(('http:', 'https:')):      # a server that stops answering: a few tries, not minutes of them
+            os.environ.setdefault('MLFLOW_HTTP_REQUEST_MAX_RETRIES', '2')
+            os.environ.setdefault('MLFLOW_HTTP_REQUEST_TIMEOUT', '20')
+        if uri.startswith('sqlite:///'):
+            os.makedirs(os.path.dirname(os.path.abspath(uri[len('sqlite:///'):])), exist_ok=True)
         ids = load_ids(folder).get('mlflow') or {}
-        if resumed and ids.get('run_id') and ids.get('uri') == uri:
-            self.run_id = ids['run_id']
-            client.update_run(self.run_id, status='RUNNING')
-        else:
-            experiment_id = mlflow_experiment(client, uri, project)
-            all_tags = {**tags, 'run_folder': os.path.abspath(folder), 'commit': git_commit()}
-            if group:
-                all_tags['mlflow.parentRunId'] = mlflow_parent(client, experiment_id, group)
-            self.run_id = client.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id
+        again = resumed and ids.get('run_id') and ids.get('uri') == uri
+        with store_lock(folder, uri):         # the store's tables, the experiment, the group's parent: made once
+            self.client = client = mlflow_client(uri)
+            if again:
+                self.run_id = ids['run_id']
+                client.update_run(self.run_id, status='RUNNING')
+            else:
+                all_tags = {**tags, 'run_folder': os.path.abspath(folder), 'commit': git_commit()}
+                experiment_id = mlflow_experiment(client, uri, project)
+                if group:
+                    all_tags['mlflow.parentRunId'] = mlflow_parent(client, experiment_id, group)
+                self.run_id = client.create_run(experiment_id, run_name=name, tags=all_tags).info.run_id
+        if not again:
             from mlflow.entities import Param
             params = [Param(k, _short(v)) for k, v in sorted(config.items())]
             for i in range(0, len(params), 100):
@@ -246,12 +355,13 @@ class MlflowRun:
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
-    def finish(self, results, results_path):
+    def finish(self, results, results_path, status='FINISHED'):
         if results:
             self.log(0, {f'results/{k}': v for k, v in numbers(results).items()})
         if results_path and os.path.isfile(results_path):
             self.client.log_artifact(self.run_id, results_path)
-        self.client.set_terminated(self.run_id, status='FINISHED')
+        self.client.set_terminated(self.run_id, status=status)
+        return f'MLflow: run {self.run_id} ({status}) in {self.uri}; mlflow ui --backend-store-uri {self.uri} shows it'
 
 
 def _short(value):
@@ -278,9 +388,11 @@ def start(trackers, folder, name, config, resumed, project='supcontrast', uri=No
     return out
 
 
-def finish(results=None, results_path=None):
+def finish(results=None, results_path=None, status='FINISHED'):
     """Finish this process's open trackers: ``results`` (results.json's contents) as the run's final numbers (W&B's
-    summary; MLflow metrics ``results/<key>``) and the file itself."""
+    summary; MLflow metrics ``results/<key>``) and the file itself, with the run's ``status`` (``FINISHED``, or
+    ``FAILED`` / ``KILLED`` for a run that stopped on an error or a signal: ``config.cli.run_cli``); each says where
+    it wrote, on the run's last lines."""
     while _OPEN:
-        _OPEN.pop(0).finish(results, results_path)
+        print(_OPEN.pop(0).finish(results, results_path, status), flush=True)
 

@@ -41,7 +41,7 @@ def test_a_tuned_sweeps_trials_and_cells_are_grouped_tagged_and_logged_once(tmp_
     study = json.loads((folder / 'tune' / 'CE' / 'study.json').read_text())
     assert [r.data.metrics['objective'] for r in trials] == pytest.approx([t['value'] for t in study['trials']])
     cell, = [r for r in children if r.data.tags['job_type'] == 'cell']
-    assert (cell.data.tags['method'], cell.data.tags['seed'], cell.data.tags['stage']) == ('CE', '0', 'pretrain')
+    assert (cell.data.tags['method'], cell.data.tags['seed'], cell.data.tags['stage']) == ('CE', '1', 'pretrain')
 
     ids = [json.loads(open(os.path.join(f, 'trackers.json')).read()) for f in run_folders(folder)]
     assert len(ids) == 3
