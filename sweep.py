@@ -339,8 +339,9 @@ def main(argv=None):
             if any(c.waiting for c in cells):
                 print(dry_run_tuning(sweep, cells))
             tasks = to_run(cells, now, args.retry_failed)
-            print(f'\nwould run {sum(len(s) for _, s in tasks)} stages' + (' (and the evaluations of the stage-1 runs '
-                                                                           'they finish)' if tasks else ''))
+            if tasks or not any(c.waiting for c in cells):     # (a tuned file's: the trials' commands said it all)
+                print(f'\nwould run {sum(len(s) for _, s in tasks)} stages'
+                      + (' (and the evaluations of the stage-1 runs they finish)' if tasks else ''))
             for cell, stages in tasks:
                 print(*stage_commands(sweep, cell, stages), sep='\n')
             after = [c for c in cells if c.waiting]

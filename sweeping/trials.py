@@ -60,8 +60,10 @@ class LocalTrial:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        sweep_run.finish_stage(self.cell, self.stage, self.proc.returncode, self.log, self.started, interrupted=True)
-        sweep_run.write_record(self.cell.folder, self.stage.name, state=why)
+        outcome = sweep_run.finish_stage(self.cell, self.stage, self.proc.returncode, self.log, self.started,
+                                         interrupted=True)
+        if outcome != 'done':        # a stage that finished as the signal came (exit 0, its results) stays done
+            sweep_run.write_record(self.cell.folder, self.stage.name, state=why)
 
 
 class SlurmTrial:

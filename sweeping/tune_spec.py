@@ -35,6 +35,7 @@ KEYS = {'trials': 'the budget: trials of every method per combination of the gri
                           'at least 2)',
         'storage': 'an Optuna RDB URL (sqlite:///..., postgresql://...) instead of the journal file in the sweep '
                    'folder'}
+SCRIPT_EPOCHS = {'main_supcon.py': 1000, 'main_ce.py': 500}      # the scripts' --epochs defaults (SupContrast's)
 RANGE_KEYS = ('low', 'high', 'log', 'choices')
 METRICS = {'final_val_acc': 'maximize', 'best_val_acc': 'maximize', 'final_val_nll': 'minimize',
            'final_val_ece': 'minimize'}
@@ -255,6 +256,14 @@ def read_spec(data, method_space, where, entries, axes, evaluations, base, check
                                 f'numbers), got {pruning}')
         else:
             pruning = None
+        if pruning and 'epochs' not in space:        # a floor past every run's last epoch: pruning never acts
+            for method, (script, flags, _) in entries.items():
+                runs = [{**base, **axis_flags, **flags} for values in axes.values() for axis_flags in values.values()]
+                epochs = [int(run.get('epochs', SCRIPT_EPOCHS[script])) for run in runs or [{**base, **flags}]]
+                if max(epochs) < pruning['min_epochs']:
+                    raise UserError(f'{at}.pruning.min_epochs is {pruning["min_epochs"]}, but methods.{method} runs '
+                                    f'{max(epochs)} epochs: the pruning would never act; lower min_epochs, or give '
+                                    f'pruning: false')
         confirm = read_confirm(data.get('confirm'), at, trials, ints['seed'])
         val_noise = data.get('val_noise', 'clean')
         if val_noise not in ('clean', 'same'):

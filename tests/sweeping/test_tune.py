@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,7 @@ def results_of(trial_folder):
     ({'trails': 3}, ["unknown key 'trails'", 'trials']),
     ({'storage': 'results.db'}, ['tune.storage', 'RDB URL']),
     ({'pruning': {'min_epochs': 0}}, ['tune.pruning']),
+    ({'pruning': {'min_epochs': 5}}, ['tune.pruning.min_epochs is 5', 'runs 3 epochs', 'never act']),
     # a value a script refuses (checked at both ends of every range and at every choice, before anything runs)
     ({'space': {'learning_rate': {'low': -1.0, 'high': 0.5}}}, ['tune.space.learning_rate', 'refuses -1.0',
                                                                 '--learning_rate must be > 0']),
@@ -489,6 +491,7 @@ def test_the_dry_run_of_a_tuned_sweep_prints_every_command_with_placeholders(tmp
     lines = out.stdout.splitlines()
     assert 'SupCon: trials 0 to 2 of 3 (learning_rate in [0.02, 1] (log), temp in [0.05, 0.5] (log))' in out.stdout
     assert 'after tuning, would run 6 stages of the seeded cells' in out.stdout
+    assert 'would run 0 stages' not in out.stdout                # (it said so after listing the trials' commands)
     sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
     values = {'learning_rate': 0.125, 'temp': 0.25}
     fill = {f"'<{k}>'": str(v) for k, v in values.items()}
@@ -676,3 +679,34 @@ def test_confirm_when_every_trial_diverged_chooses_or_says_why_not(tmp_path):
     path = tmp_path / 'nll' / 's.yaml'
     assert_one_line_error(run_in_process('sweep.py', path, '--save_folder', tmp_path / 'nll' / 'save'),
                           'every trial of', 'diverged, leaving no value to choose from', 'narrow the space')
+
+
+def test_a_trial_stage_that_finished_as_the_stop_came_stays_done(tmp_path):
+    """A trial told to stop whose stage exits 0 with its results as the signal lands (it had finished) is recorded
+    done, not interrupted with exit 0 (which --status and sweep.json then contradicted). Power: a stage that the
+    signal does stop is recorded with the reason given."""
+    from sweeping import launch as sweep_run
+    from sweeping import plan as sweep_plan
+    from sweeping.trials import LocalTrial
+    path = write(tmp_path / 's.yaml', name='plain', base=TINY, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0])
+    sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
+    sweep_plan.prepare(sweep_, sweep_.cells)
+    cell = sweep_.cells[0]
+    stage = cell.stages[0]
+    for finished, want in ((True, 'done'), (False, 'pruned')):
+        folder = fake_run(stage) if finished else None
+        if finished:
+            with open(os.path.join(folder, 'results.json'), 'w') as f:
+                f.write('{}')
+        trial = LocalTrial.__new__(LocalTrial)
+        trial.cell, trial.index, trial.started = cell, 0, time.time()
+        trial.log = str(tmp_path / 'log.txt')
+        open(trial.log, 'w').close()
+        code = 0 if finished else 143          # exit 0: its work was done when SIGTERM came
+        trial.proc = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; signal.signal(signal.SIGTERM, '
+                                       f'lambda *a: sys.exit({code})); print(flush=True); time.sleep(60)'],
+                                      stdout=subprocess.PIPE)
+        trial.proc.stdout.readline()            # the handler is in place
+        trial.stop('pruned')
+        assert sweep_run.read_record(cell.folder)[stage.name]['state'] == want
+        shutil.rmtree(cell.folder)
