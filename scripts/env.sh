@@ -15,7 +15,7 @@ else
     stamp="$ROOT/.venv/.requirements.sha256"
     want="$(sha256sum "$ROOT/requirements.txt" | cut -d' ' -f1)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        echo "installing requirements.txt into .venv (about 5 GB, once)" >&2
+        echo "installing requirements.txt into .venv (about 6 GB, once)" >&2
         "$PY" -m pip install -q -r "$ROOT/requirements.txt" || { echo "error: pip install -r requirements.txt failed" >&2; exit 1; }
         "$PY" -c "import torch, torchvision, sklearn, tensorboard, tqdm" || {     # once, after an install
             echo "error: torch/torchvision/sklearn/tensorboard/tqdm do not import in $PY; see requirements.txt" >&2; exit 1; }

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHOICES = ('none', 'tensorboard', 'wandb', 'mlflow')
 # tracker -> (the module it imports, what to install)
 PACKAGES = {'wandb': ('wandb', 'pip install wandb'),
-            'mlflow': ('mlflow', 'pip install mlflow-skinny sqlalchemy alembic')}
+            'mlflow': ('mlflow', 'pip install mlflow sqlalchemy alembic')}
 IDS_FILE = 'trackers.json'
 
 

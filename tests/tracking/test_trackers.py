@@ -192,3 +192,42 @@ def test_mlflow_runs_end_as_they_ended_and_say_where_they_wrote(tmp_path, offlin
     probe = [r for r in client.search_runs([client.get_experiment_by_name('supcontrast').experiment_id])
              if '_shots_2_' in (r.info.run_name or '')]
     assert len(probe) == 1 and 'results/shots' in probe[0].data.metrics and probe[0].info.status == 'FINISHED'
+
+
+@needs_trackers
+@pytest.mark.slow
+def test_the_mlflow_ui_that_usage_shows_serves_the_runs_store(tmp_path):
+    """USAGE's command, `mlflow ui --backend-store-uri <the store>`, starts with what requirements-trackers.txt
+    installs (mlflow-skinny alone had no server: flask was missing) and serves the store: its page, and the run's
+    experiment through the UI's own API."""
+    import socket
+    import time
+    import urllib.request
+
+    from tracking.trackers import MlflowRun
+    run_folder = tmp_path / 'SupCE' / 'digits' / 'run'
+    run_folder.mkdir(parents=True)
+    run = MlflowRun(str(run_folder), 'run', {'learning_rate': 0.1}, {}, 'supcontrast', None, None, False)
+    line = run.finish({'final_test_acc': 50.0}, None)
+    uri = line.split(' in ')[1].split(';')[0]
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    mlflow = os.path.join(os.path.dirname(sys.executable), 'mlflow')
+    server = subprocess.Popen([mlflow, 'ui', '--backend-store-uri', uri, '--host', '127.0.0.1', '--port', str(port)],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline, page = time.time() + 180, None
+        while time.time() < deadline and server.poll() is None and page is None:
+            try:
+                page = urllib.request.urlopen(f'http://127.0.0.1:{port}/', timeout=5).read().decode()
+            except OSError:
+                time.sleep(0.5)
+        assert page is not None and '<html' in page, server.stderr.read().decode()[-2000:] if server.poll() else ''
+        request = urllib.request.Request(f'http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search',
+                                         data=b'{"max_results": 10}', headers={'Content-Type': 'application/json'})
+        names = [e['name'] for e in json.loads(urllib.request.urlopen(request, timeout=30).read())['experiments']]
+        assert 'supcontrast' in names
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(60)
