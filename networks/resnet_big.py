@@ -322,7 +322,11 @@ class LinearClassifier(nn.Module):
     """Linear classifier on frozen encoder features of width ``dim`` (an int, or one of our model names); with
     ``norm``, MAE's normalized probe: a BatchNorm without affine parameters (``eps`` 1e-6) before the linear layer
     (He et al. 2022, "Masked Autoencoders Are Scalable Vision Learners", appendix A.3), which makes the probe's
-    learning rate independent of the features' scale."""
+    learning rate independent of the features' scale. Its running statistics are the plain average over the batches
+    seen (``momentum=None``; the features are frozen, so their statistics do not drift): with PyTorch's default
+    exponential average, which starts from a variance of 1, a short probe of features far smaller or larger than 1
+    kept much of that start, and its evaluation then depended on the features' scale (docs/results.md, "The probe
+    and the features' scale")."""
 
     def __init__(self, dim=2048, num_classes=10, norm=False):
         super().__init__()
@@ -330,7 +334,7 @@ class LinearClassifier(nn.Module):
             if dim not in MODELS:
                 raise ValueError(f'unknown model {dim!r}; choose from {", ".join(MODELS)}')
             dim = MODELS[dim][1]
-        self.norm = nn.BatchNorm1d(dim, affine=False, eps=1e-6) if norm else nn.Identity()
+        self.norm = nn.BatchNorm1d(dim, affine=False, eps=1e-6, momentum=None) if norm else nn.Identity()
         self.fc = nn.Linear(dim, num_classes)
 
     def forward(self, features):

@@ -133,3 +133,38 @@ def test_shots_and_label_noise_end_to_end(tiny_ckpt, tmp_path):
         proc = run_in_process('main_linear.py', '--ckpt', tiny_ckpt, *args, '--save_folder', tmp_path / 'bad')
         assert_one_line_error(proc, *words)
     assert_one_line_error(run_in_process('main_ce.py', '--label_noise', 1.5), '--label_noise must be in [0, 1)')
+
+
+def _probe_after_training(features, labels, scale, norm, steps=30, lr=0.5):
+    """A linear probe (plain, or with ``norm`` MAE's BatchNorm) trained by SGD on ``features * scale`` from one
+    initialization; its logits on the training features (in eval mode)."""
+    from networks import LinearClassifier
+    torch.manual_seed(0)
+    probe = LinearClassifier(features.shape[1], num_classes=int(labels.max()) + 1, norm=norm)
+    optimizer = torch.optim.SGD(probe.parameters(), lr=lr, momentum=0.9)
+    x = features * scale
+    for step in range(steps):
+        batch = torch.arange(step * 32, step * 32 + 32) % len(x)
+        loss = torch.nn.functional.cross_entropy(probe(x[batch]), labels[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    probe.eval()
+    with torch.no_grad():
+        return probe(x)
+
+
+def test_the_normalized_probe_does_not_move_when_the_features_are_scaled():
+    """--probe_norm bn: multiplying every feature by a constant (an encoder whose features are 100x smaller or
+    larger) leaves the trained probe's logits, and so its accuracy, where they were: the probe measures the features'
+    arrangement, not their scale. Power: the plain probe at a fixed learning rate moves (it is SupContrast's)."""
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(320) % 4
+    features = torch.randn(4, 24, generator=g)[labels] + 1.5 * torch.randn(320, 24, generator=g)
+    normalized = [_probe_after_training(features, labels, scale, norm=True) for scale in (0.1, 1.0, 10.0)]
+    for logits in normalized[1:]:
+        assert torch.allclose(logits, normalized[0], atol=1e-3)
+        assert (logits.argmax(1) == normalized[0].argmax(1)).all()
+    plain = [(_probe_after_training(features, labels, scale, norm=False).argmax(1) == labels).float().mean()
+             for scale in (0.01, 1.0, 100.0)]
+    assert max(plain) - min(plain) > 0.05, plain
