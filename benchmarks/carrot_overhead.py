@@ -3,7 +3,8 @@
     python benchmarks/carrot_overhead.py [--device cuda] [--skip_step]
 
 1. Loss level: (SupCon + CARROT with gradient balancing) forward+backward / SupCon forward+backward,
-   B = 1024, V = 2, D = 128, 10 classes (target: <= 2.0 on a CPU).
+   B = 1024, V = 2, D = 128, 10 classes (target: <= 2.0 on a CPU), for each form of CARROT's positives, and against
+   the original SupContrast SupConLoss (target on a CPU, with the CPU's form: <= 1.5).
 2. Training step: resnet18, batch 256 (two views), 32x32: SupCon + CARROT (on the encoder) /
    SupCon (target <= 1.15).
 """
@@ -17,16 +18,22 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.timing import time_interleaved  # noqa: E402
 from losses import SupConLoss  # noqa: E402
-from losses_carrot import CARROT, grad_balanced_total_loss  # noqa: E402
+from losses_carrot import CARROT, FORMS, grad_balanced_total_loss  # noqa: E402
 from networks import SupConResNet  # noqa: E402
 from training.runtime import resolve_device  # noqa: E402
 
 
 def loss_level(device, reps):
+    """SupCon + balanced CARROT, forward and backward, with each form of CARROT's positives (``masked``: one pass
+    over [n, n]; ``blocks``: the same-class blocks; the device's default marked), against our SupCon alone and the
+    original SupContrast ``SupConLoss`` (benchmarks/supcontrast_losses.py)."""
+    from benchmarks.supcontrast_losses import SupConLoss as OriginalSupConLoss
     bsz, views = 1024, 2
     h = torch.randn(views * bsz, 128, device=device, requires_grad=True)
     labels = torch.randint(0, 10, (bsz,), device=device)
-    supcon, carrot = SupConLoss(0.1), CARROT()
+    supcon, original = SupConLoss(0.1), OriginalSupConLoss(0.1)
+    carrots = {form: CARROT(form=form) for form in FORMS}
+    default = 'blocks' if device.type == 'cpu' else 'masked'
 
     def base():
         f = F.normalize(h, dim=1)
@@ -36,15 +43,26 @@ def loss_level(device, reps):
         h.grad = None
         base().backward()
 
-    def with_carrot():
+    def supcontrast():
         h.grad = None
-        reg = carrot(h, labels.repeat(views))
-        total, _ = grad_balanced_total_loss(base(), reg, h)
-        total.backward()
-    t = time_interleaved({'supcon': plain, 'carrot': with_carrot}, device, reps=reps)
-    print(f'loss level, B={bsz}, V={views}, D=128: SupCon {t["supcon"] * 1e3:.1f} ms, '
-          f'SupCon+CARROT {t["carrot"] * 1e3:.1f} ms, ratio {t["carrot"] / t["supcon"]:.2f} (target <= 2.0)',
-          flush=True)
+        original(torch.stack(F.normalize(h, dim=1).split(bsz), 1), labels).backward()
+
+    def with_carrot(form):
+        def run():
+            h.grad = None
+            reg = carrots[form](h, labels.repeat(views))
+            total, _ = grad_balanced_total_loss(base(), reg, h)
+            total.backward()
+        return run
+    t = time_interleaved({'original': supcontrast, 'supcon': plain,
+                          **{form: with_carrot(form) for form in FORMS}}, device, reps=reps)
+    print(f'loss level, B={bsz}, V={views}, D=128: SupContrast\'s SupConLoss {t["original"] * 1e3:.1f} ms, our SupCon '
+          f'{t["supcon"] * 1e3:.1f} ms', flush=True)
+    for form in FORMS:
+        mark = " (this device's default)" if form == default else ''
+        print(f'  SupCon + CARROT, positives {form}{mark}: '
+              f'{t[form] * 1e3:.1f} ms, {t[form] / t["supcon"]:.2f}x our SupCon (target <= 2.0), '
+              f'{t[form] / t["original"]:.2f}x SupContrast\'s (target <= 1.5 on a CPU)', flush=True)
 
 
 def step_level(device, reps, bsz):

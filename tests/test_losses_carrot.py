@@ -6,13 +6,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import reference
-from losses import SupConLoss, flatten_views
-from losses_carrot import CARROT, grad_balanced_total_loss, pair_quantiles
+from losses import ClassGroups, SupConLoss, flatten_views
+from losses_carrot import CARROT, FORMS, grad_balanced_total_loss, pair_quantiles
 
 
-def carrot(h, y, *qs):
+def carrot(h, y, *qs, form=None):
     """``(R, statistics)`` of one call (the loss reports its statistics in ``last_stats``)."""
-    module = CARROT(*qs)
+    module = CARROT(*qs, form=form)
     return module(h, y), module.last_stats
 
 
@@ -20,13 +20,14 @@ def rand(n, d, seed=0, dtype=torch.float64):
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('seed', range(4))
 @pytest.mark.parametrize('qs', [(0.9, 0.1), (0.75, 0.25), (1.0, 0.0)])
-def test_matches_reference(seed, qs):
+def test_matches_reference(seed, qs, form):
     h = rand(14, 6, seed)
     y = torch.randint(0, 3, (14,), generator=torch.Generator().manual_seed(seed))
     x1, x2 = h.clone().requires_grad_(True), h.clone().requires_grad_(True)
-    reg, stats = carrot(x1, y, *qs)
+    reg, stats = carrot(x1, y, *qs, form=form)
     want, L, U = reference.carrot(x2, y, *qs)
     torch.testing.assert_close(reg.double(), want, rtol=1e-5, atol=1e-7)
     assert float(stats['L']) == pytest.approx(L, rel=1e-5) and float(stats['U']) == pytest.approx(U, rel=1e-5)
@@ -248,3 +249,40 @@ def test_fp16_balance_uses_the_loss_scale():
     assert float(alpha) != pytest.approx(want_alpha, rel=0.1)
     (total.float() * scale).backward()
     assert not torch.allclose(h.grad.double() / float(scale), want_grad, rtol=0.1, atol=1e-12)
+
+
+@pytest.mark.parametrize('counts', [(5, 5, 5, 5), (9, 4, 2, 1, 1), (12, 1, 3)])
+def test_the_positives_two_forms_give_the_same_value_gradient_and_statistics(counts):
+    """The masked [n, n] pass (an accelerator's form) and the same-class blocks grouped by size (a CPU's, the
+    default there) sum the same terms: equal value, gradient and statistics, balanced or long-tailed classes (blocks
+    of different sizes, padded). CARROT computes in float32, so the two orders of summation agree to its rounding:
+    1e-5 relative on sums of at most a few hundred terms (float32's 6e-8 unit roundoff times the terms, with room).
+    Power: a form that drops the blocks of one size group is caught."""
+    y = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    y = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(1))]
+    h = rand(len(y), 7, seed=len(counts))
+    out = {}
+    for form in FORMS:
+        x = h.clone().requires_grad_(True)
+        reg, stats = carrot(x, y, form=form)
+        reg.backward()
+        out[form] = reg, x.grad, stats
+    (r1, g1, s1), (r2, g2, s2) = out['masked'], out['blocks']
+    torch.testing.assert_close(r1, r2, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g1, g2, rtol=1e-4, atol=1e-6)
+    for key in s1:
+        torch.testing.assert_close(s1[key].double(), s2[key].double(), rtol=1e-5, atol=1e-7)
+    assert CARROT().form is None and r1 > 0
+    if len(set(counts)) > 1:         # power: one size group's blocks left out
+        import losses_carrot
+        real = losses_carrot.class_groups
+
+        def fewer(*args):
+            groups = real(*args)
+            return ClassGroups(groups.blocks[:-1], groups.position, groups.counts)
+        losses_carrot.class_groups = fewer
+        try:
+            wrong = carrot(h, y, form='blocks')[0]
+        finally:
+            losses_carrot.class_groups = real
+        assert not torch.allclose(wrong, r1)
