@@ -19,6 +19,7 @@ RUNS = {
     'queue_memory': ['--batch', '32', '--queue', '128'],
     'class_blocks_cost': ['--batch', '64', '--reps', '1'],
     'tsc_targets': ['--classes', '20', '--dim', '4', '--steps', '50'],
+    'feature_scale': ['--smoke'],
 }
 
 
