@@ -648,3 +648,16 @@ def test_a_cell_whose_pretraining_failed_is_failed_in_the_table(tmp_path):
     assert f'SupCon seed {first.seed}' in failed and '--retry-failed' in failed
     waiting = next(line for line in lines if line.startswith('Not done yet'))
     assert f'SupCon seed {first.seed}' not in waiting and 'CE seed' in waiting
+
+
+def test_every_bundled_sweep_file_plans(tmp_path):
+    """Each file in sweeps/ (the GPU file sweeps/noise_fashion_gpu.yaml among them) reads, and every stage's flags
+    pass its script's parser: what `python sweep.py FILE --dry-run` checks on a CPU before a run."""
+    import glob
+
+    from sweeping import plan as sweep_plan
+    files = sorted(glob.glob(os.path.join(ROOT, 'sweeps', '*.yaml')))
+    assert any(f.endswith('noise_fashion_gpu.yaml') for f in files)
+    for path in files:
+        sweep_ = sweep_plan.read(path, str(tmp_path / 'save'))
+        assert sweep_.cells, path
