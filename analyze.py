@@ -163,7 +163,8 @@ def main(argv=None):
     opt.data_folder = opt.data_folder or config.get('data_folder') or './datasets/'
     info = dataset_info(opt.dataset)
     for key, default in (('size', info.size), ('mean', None), ('std', None),     # the run's training part too
-                         ('imb_factor', 0.01), ('val_split', 0.0), ('split_seed', 0)):
+                         ('imb_factor', 0.01), ('train_subset', 0), ('subset_seed', 0), ('val_split', 0.0),
+                         ('split_seed', 0)):
         setattr(opt, key, config.get(key, default) if config.get('dataset') == opt.dataset else default)
     if info.mean_std is None and not (opt.mean and opt.std):
         raise UserError(f'--dataset {opt.dataset}: the checkpoint has no --mean/--std to reuse')

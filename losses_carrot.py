@@ -6,6 +6,11 @@ from losses import Loss, block_pairs, class_groups, on_host
 
 FORMS = ('masked', 'blocks')     # the positives' two forms (CARROT's ``form``): the same sums, by definition
 
+
+def default_form(device):
+    """CARROT's form of the positives on ``device`` when none is given: ``blocks`` on a CPU, ``masked`` elsewhere."""
+    return 'blocks' if device.type == 'cpu' else 'masked'
+
 STAT_NAMES = ('L', 'U', 'num_pos', 'num_neg', 'pos_mean', 'pos_max', 'frac_pos_above_U', 'frac_pos_below_L',
               'reg')
 
@@ -126,7 +131,7 @@ class CARROT(Loss):
                                        reg=zero)
                 return reg
             same = y[:, None] == y[None, :]
-            masked = (self.form or ('blocks' if h.device.type == 'cpu' else 'masked')) == 'masked'
+            masked = (self.form or default_form(h.device)) == 'masked'
             s = z @ z.T if masked else (z.detach() @ z.detach().T)          # [n, n]: the walls (and the positives)
             s = s.clamp(-1, 1)
             sd = s.detach()

@@ -108,7 +108,7 @@ def main(argv=None):
                             f'--trial or --save_folder (or --shot_seed for other draws)')
         print(f'run folder: {opt.run_folder}')
         if is_main():      # the probe's W&B / MLflow run: its flags, then its results
-            open_trackers(opt, resumed=False)
+            call_hook(open_trackers, opt, config=config_dict(opt), resumed=False)
         results = few_shot(frozen, opt.eval_labels, opt.shots, opt.shot_draws, opt.shot_seed, opt.knn_k, opt.knn_t,
                            probed)
         if opt.within_superclass:

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from config.resume import config_dict, resume_conflicts
-from core.flags import UserError
+from core.flags import UserError, call_hook
 from data import held_out_labels
 from tracking.trackers import finish as finish_trackers
 from tracking.trackers import parse_tags, parse_trackers
@@ -201,7 +201,7 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
     logger = None
     if is_main():      # TensorBoard and the --tracker runs (W&B, MLflow: tracking/trackers.py), with the flags
         logger = RunLogger(opt.run_folder, start, 'tensorboard' in parse_trackers(opt.tracker),
-                           open_trackers(opt, start > 1))
+                           call_hook(open_trackers, opt, config=config_dict(opt), resumed=start > 1))
     for notice in notices:
         print(f'note: {notice}', flush=True)
         if logger is not None:
@@ -269,12 +269,12 @@ def epoch_line(epoch, epochs, scalars, elapsed, left):
             f'{clock(left)} left): {shown}')
 
 
-def open_trackers(opt, resumed):
-    """The run's W&B and MLflow runs (``--tracker``; TensorBoard is the run logger's own), with its flags; rank 0."""
-    return start_trackers([n for n in parse_trackers(opt.tracker) if n != 'tensorboard'], opt.run_folder,
-                          os.path.basename(os.path.normpath(opt.run_folder)), config_dict(opt), resumed,
-                          project=opt.tracker_project, uri=opt.tracker_uri, group=opt.tracker_group,
-                          tags=parse_tags(opt.tracker_tags))
+def open_trackers(run_folder, config, resumed, tracker, tracker_project, tracker_uri, tracker_group, tracker_tags):
+    """The run's W&B and MLflow runs (``--tracker``; TensorBoard is the run logger's own) with its flags
+    (``config``); rank 0. Called through ``call_hook`` with the run's options."""
+    return start_trackers([n for n in parse_trackers(tracker) if n != 'tensorboard'], run_folder,
+                          os.path.basename(os.path.normpath(run_folder)), config, resumed, project=tracker_project,
+                          uri=tracker_uri, group=tracker_group, tags=parse_tags(tracker_tags))
 
 
 def resume_rng(ckpt, start, seed):

@@ -232,17 +232,21 @@ class SyncCounter(TorchDispatchMode):
 @contextlib.contextmanager
 def accelerator_forms():
     """The forms the code takes on an accelerator where a CPU form differs, for the block: CARROT's quantile
-    selection (``sync_free=True``) and the batched augmentation in one pass with every operation on every row."""
+    selection (``sync_free=True``) and positives (one masked pass), and the batched augmentation in one pass with
+    every operation on every row."""
     import losses_carrot
     from data import augment
     real_quantiles, real_apply = losses_carrot.pair_quantiles, augment.BatchAugment.apply
+    real_form = losses_carrot.default_form
     losses_carrot.pair_quantiles = functools.partial(real_quantiles, sync_free=True)
+    losses_carrot.default_form = lambda device: 'masked'
     augment.BatchAugment.apply = lambda self, images, params: (
         real_apply(self, images, params) if self.kind == 'eval' else self._apply(images, params, sync_free=True))
     try:
         yield
     finally:
         losses_carrot.pair_quantiles, augment.BatchAugment.apply = real_quantiles, real_apply
+        losses_carrot.default_form = real_form
 
 
 class OperatorCounter(TorchDispatchMode):
