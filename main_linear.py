@@ -36,10 +36,11 @@ from data import (
     long_tail_class_counts,
     save_label_noise,
 )
-from engine.run import fit, open_trackers, report_selection, setup, write_results
+from engine.run import fit, report_selection, setup, write_results
 from evaluation.knn import extract_features, knn_predict
 from evaluation.probes import LinearProbe, few_shot_indices, linear_probe, within_superclass_accuracy
 from tracking.trackers import finish as finish_trackers
+from tracking.trackers import open_for_run as open_trackers
 from training.checkpoint import load_encoder
 from training.distributed import is_main
 from training.loop import Optimization

@@ -13,8 +13,8 @@ from config.resume import config_dict, resume_conflicts
 from core.flags import UserError, call_hook
 from data import held_out_labels
 from tracking.trackers import finish as finish_trackers
-from tracking.trackers import parse_tags, parse_trackers
-from tracking.trackers import start as start_trackers
+from tracking.trackers import open_for_run as open_trackers
+from tracking.trackers import parse_trackers
 from training.checkpoint import load_checkpoint, load_model_state, save_checkpoint
 from training.distributed import all_gather_object, barrier, init_distributed, is_main, rank, world_size
 from training.loop import Optimization, Trainer
@@ -267,14 +267,6 @@ def epoch_line(epoch, epochs, scalars, elapsed, left):
         shown += ' | encoder ' + ', '.join(collapse)
     return (f'epoch {epoch}/{epochs} ({scalars["train/epoch_time"]:.1f}s; {clock(elapsed)} elapsed, about '
             f'{clock(left)} left): {shown}')
-
-
-def open_trackers(run_folder, config, resumed, tracker, tracker_project, tracker_uri, tracker_group, tracker_tags):
-    """The run's W&B and MLflow runs (``--tracker``; TensorBoard is the run logger's own) with its flags
-    (``config``); rank 0. Called through ``call_hook`` with the run's options."""
-    return start_trackers([n for n in parse_trackers(tracker) if n != 'tensorboard'], run_folder,
-                          os.path.basename(os.path.normpath(run_folder)), config, resumed, project=tracker_project,
-                          uri=tracker_uri, group=tracker_group, tags=parse_tags(tracker_tags))
 
 
 def resume_rng(ckpt, start, seed):

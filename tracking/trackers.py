@@ -388,6 +388,14 @@ def start(trackers, folder, name, config, resumed, project='supcontrast', uri=No
     return out
 
 
+def open_for_run(run_folder, config, resumed, tracker, tracker_project, tracker_uri, tracker_group, tracker_tags):
+    """The W&B and MLflow runs of the run in ``run_folder`` (``--tracker``; TensorBoard is the run logger's own), with
+    its flags (``config``); rank 0 only. The scripts call it through ``call_hook`` with the run's options."""
+    return start([n for n in parse_trackers(tracker) if n != 'tensorboard'], run_folder,
+                 os.path.basename(os.path.normpath(run_folder)), config, resumed, project=tracker_project,
+                 uri=tracker_uri, group=tracker_group, tags=parse_tags(tracker_tags))
+
+
 def finish(results=None, results_path=None, status='FINISHED'):
     """Finish this process's open trackers: ``results`` (results.json's contents) as the run's final numbers (W&B's
     summary; MLflow metrics ``results/<key>``) and the file itself, with the run's ``status`` (``FINISHED``, or
