@@ -465,7 +465,10 @@ def wandb_records(run_folder):
     import glob
     import json
     out = []
-    for path in sorted(glob.glob(os.path.join(run_folder, 'wandb', 'offline-run-*', 'run-*.wandb'))):
+    # in the order written: by folder (W&B names a second run of the same second and id '<folder>-1', which a sort of
+    # the whole paths put first, since '-' sorts before '/')
+    for path in sorted(glob.glob(os.path.join(run_folder, 'wandb', 'offline-run-*', 'run-*.wandb')),
+                       key=os.path.dirname):
         text = subprocess.run([sys.executable, '-m', 'wandb', 'leet', 'inspect', '--json', path], check=True,
                               capture_output=True, text=True, timeout=120).stdout
         records = [json.loads(line) for line in text.splitlines() if line.startswith('{')]
