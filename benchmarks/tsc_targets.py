@@ -19,12 +19,12 @@ from losses_proto import target_spread, uniform_targets  # noqa: E402
 from training.runtime import resolve_device  # noqa: E402
 
 
-def before_issue_41(n_classes, dim, seed=0, steps=2000, temperature=0.1):
+def before_issue_41(n_classes, dim, seed=0, steps=2000, temperature=0.1, device='cpu'):
     g = torch.Generator().manual_seed(seed)
-    u = nn.functional.normalize(torch.randn(n_classes, dim, generator=g, dtype=torch.float64), dim=1)
+    u = nn.functional.normalize(torch.randn(n_classes, dim, generator=g, dtype=torch.float64), dim=1).to(device)
     u.requires_grad_(True)
     optimizer = torch.optim.SGD([u], lr=0.01)
-    off_diagonal = ~torch.eye(n_classes, dtype=torch.bool)
+    off_diagonal = ~torch.eye(n_classes, dtype=torch.bool, device=device)
     for _ in range(steps):
         optimizer.zero_grad()
         torch.logsumexp((u @ u.T / temperature).masked_fill(~off_diagonal, -math.inf), dim=1).mean().backward()
@@ -46,9 +46,13 @@ def main(argv=None):
                                                 dtype=torch.float64), dim=1)
     print(f'C = {args.classes}, D = {args.dim}; torch {torch.__version__}, {device}')
     print('start: max cosine {:.3f}, energy {:.3f}'.format(*target_spread(start)))
-    for name, make in (('before 6d42068 (SGD, 2,000 steps, T 0.1)', lambda: before_issue_41(args.classes, args.dim)),
+    # both forms on --device (the earlier one ran on the CPU in float64 whatever the device: at C = 1000 it outlasted
+    # the GPU check's bound on a loaded machine)
+    for name, make in (('before 6d42068 (SGD, 2,000 steps, T 0.1)',
+                        lambda: before_issue_41(args.classes, args.dim, device=device)),
                        (f'authors\' (Adam, {args.steps:,} steps, T 0.07)',
                         lambda: uniform_targets(args.classes, args.dim, 0, steps=args.steps, device=device))):
+        print(f'{name}: running ...', flush=True)
         t = time.perf_counter()
         u = make()
         print('{}: max cosine {:.3f}, energy {:.3f}, {:.0f} s'.format(name, *target_spread(u), time.perf_counter() - t),

@@ -63,11 +63,11 @@ def test_linear_reads_the_checkpoints_of_every_mode(shared_run, name):
 
 
 def test_simclr_bf16_channels_last_linear_head(tmp_path):
-    run_script('main_supcon.py', '--method', 'SimCLR', '--epochs', 1, '--amp', 'bf16', '--channels_last',
+    run_script('main_supcon.py', '--method', 'SimCLR', '--epochs', 2, '--amp', 'bf16', '--channels_last',
                '--temp', 0.5, '--head', 'linear', '--feat_dim', 32, '--save_freq', 1, '--trial', 7, '--cosine',
-               '--warm', '--save_folder', tmp_path, *FAST, *CPU_AUGMENT)
+               '--warm', '--warm_epochs', 1, '--save_folder', tmp_path, *FAST, *CPU_AUGMENT)
     run = only_run_folder(tmp_path)
-    assert 'SimCLR_digits' in run and run.endswith('trial_7_cosine_warm_bf16')
+    assert 'SimCLR_digits' in run and run.endswith('trial_7_cosine_warm_warm_epochs_1_bf16')
     assert os.path.exists(os.path.join(run, 'ckpt_epoch_1.pth'))
     assert load(os.path.join(run, 'last.pth'))['model']['head.weight'].shape == (32, 64)      # resnet_nano's 64-d
 

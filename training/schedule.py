@@ -151,11 +151,20 @@ def warmup_start(target, warm_start=None):
 
 
 def _schedule_defaults(batch_size, warm, warm_epochs, warm_start, learning_rate, epochs, lr_decay_rate, cosine, given):
-    # SupContrast: large batches always warm up; 10 epochs (--warm_epochs)
-    check(warm_epochs >= 1, f'--warm_epochs must be >= 1, got {warm_epochs}')
+    # SupContrast: large batches always warm up; 10 epochs (--warm_epochs; 0 turns it off)
+    check(warm_epochs >= 0, f'--warm_epochs must be >= 0 (0: no warm-up), got {warm_epochs}')
+    check(not (warm and warm_epochs == 0), '--warm needs --warm_epochs >= 1 (--warm_epochs 0 turns the warm-up off)')
     check(warm_start is None or 0 <= warm_start < 1, f'--warm_start must be in [0, 1), got {warm_start}')
-    warm = warm or batch_size > 256
+    why = '--warm' if warm else f'--batch_size {batch_size}: above 256 it is on, as in SupContrast'
+    shorter = f'give --warm_epochs below {epochs}' if epochs > 1 else ''
+    fix = (shorter or 'leave --warm out') if warm else (f'{shorter} (0: no warm-up)' if shorter else
+                                                        'give --warm_epochs 0 (no warm-up)')
+    warm = (warm or batch_size > 256) and warm_epochs > 0
     check(warm or 'warm_start' not in given, '--warm_start needs a warm-up (--warm, or a batch above 256)')
+    # a warm-up as long as the run never hands over to the schedule: the run ends below its learning rate
+    check(not warm or warm_epochs < epochs,
+          f'the warm-up ({why}) lasts --warm_epochs {warm_epochs}, not shorter than --epochs {epochs}: the run '
+          f'would end inside it, below --learning_rate {learning_rate:g}; {fix}')
     target = Schedule(learning_rate, epochs, lr_decay_rate=lr_decay_rate, cosine=cosine,
                       warm_epochs=warm_epochs).warmup_target()
     return {'warm': warm, 'warmup_from': warmup_start(target, warm_start)}
@@ -167,7 +176,8 @@ SCHEDULE = Feature(
            '--warm': dict(action='store_true', help='linear warm-up over --warm_epochs to the schedule\'s learning '
                                                     'rate (always on above batch 256)'),
            '--warm_epochs': dict(type=int, default=10,
-                                 help='epochs of the linear warm-up (default 10, SupContrast\'s)'),
+                                 help='epochs of the linear warm-up (default 10, SupContrast\'s; 0: none, also above '
+                                      'batch 256); shorter than --epochs'),
            '--warm_start': dict(type=float, default=None,
                                 help='the warm-up starts at this fraction of its target (default: SupContrast\'s '
                                      '0.01, capped at a tenth of the target)')},

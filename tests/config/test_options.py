@@ -87,6 +87,7 @@ def test_options_for_the_tools():
 ACCEPTED = {
     ('--seed', '-1'): 'any integer is a seed', ('--seed', '0'): 'the default seed',
     ('--momentum', '0'): 'plain SGD', ('--weight_decay', '0'): 'no weight decay',
+    ('--warm_epochs', '0'): 'no warm-up, also above batch 256',
     ('--val_split', '0'): 'no held-out split (the default)', ('--knn_every', '0'): 'the monitor off (the default)',
     ('--image_cache', '0'): 'no cache (the default)', ('--num_small_crops', '0'): 'no multi-crop (the default)',
     ('--knn_shots', '0'): 'the few-shot monitor off (the default)',

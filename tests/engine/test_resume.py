@@ -4,6 +4,7 @@ the uninterrupted 2-epoch run (``conftest.SHARED_RUNS``) bit for bit: model, and
 (RASCAL's cache, KCL's draw count, the queue, the key encoder). Power: the first epoch alone differs from the
 reference."""
 import os
+import shutil
 import signal
 
 import pytest
@@ -112,14 +113,16 @@ def test_resume_on_another_device_reseeds_with_a_notice(shared_run, tmp_path):
                                                                '--learning_rate', '0.001', '--weight_decay', '0.05'])])
 def test_optimizers_resume_exactly(script, optimizer, tmp_path):
     """LARS and AdamW (with the weight-decay exclusions, and a 2-epoch warm-up: --warm_epochs) resume bit
-    for bit: 1 epoch + --resume equals 2 epochs (model and optimizer state); the run name says the optimizer."""
+    for bit: the checkpoint of epoch 1 (inside the warm-up), resumed to 3 epochs, equals 3 epochs (model and
+    optimizer state); the run name says the optimizer."""
     args = [*optimizer, '--warm', '--warm_epochs', 2, '--batch_size', 128, '--size', 8, '--augment', 'device',
-            '--num_workers', 0, '--device', 'cpu', '--print_freq', 1000]
-    run_script(script, *args, '--epochs', 2, '--save_folder', tmp_path / 'whole')
-    run_script(script, *args, '--epochs', 1, '--save_folder', tmp_path / 'parts')
-    part = os.path.join(only_run_folder(tmp_path / 'parts'), 'last.pth')
-    run_script(script, *args, '--epochs', 2, '--resume', part)
+            '--num_workers', 0, '--device', 'cpu', '--print_freq', 1000, '--epochs', 3]
+    run_script(script, *args, '--save_freq', 1, '--save_folder', tmp_path / 'whole')
     folder = only_run_folder(tmp_path / 'whole')
+    os.makedirs(tmp_path / 'parts')
+    part = str(tmp_path / 'parts' / 'last.pth')
+    shutil.copy(os.path.join(folder, 'ckpt_epoch_1.pth'), part)       # as a crash after epoch 1 would leave it
+    run_script(script, *args, '--resume', part)
     assert f'_{optimizer[1]}' in folder and '_warm_epochs_2' in folder
     whole, resumed = load(os.path.join(folder, 'last.pth')), load(part)
     for key, value in whole['model'].items():

@@ -152,6 +152,42 @@ def test_warm_start_sets_the_fraction_and_is_checked():
             parse_option('supcon', argv)
 
 
+def test_a_warm_up_as_long_as_the_run_is_one_line():
+    """SupContrast's rule (batch above 256: a 10-epoch warm-up) on a short run would ramp through every epoch and end
+    below the learning rate: one line naming the cause and the fix, for each script; --warm_epochs 0 turns it off."""
+    from config.options import parse_option
+    from core.flags import UserError
+    from helpers import assert_one_line_error, run_in_process
+    # the mechanism: 6 epochs inside a 10-epoch warm-up end below half the rate (what the check prevents)
+    schedule = sched(learning_rate=0.1, epochs=6, cosine=True, warm=True)
+    optim = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    schedule.adjust(optim, 6)
+    schedule.warmup(optim, 6, 9, 10)
+    assert optim.param_groups[0]["lr"] < 0.5 * 0.1
+    for script in ('supcon', 'ce', 'linear'):
+        with pytest.raises(UserError, match=r'--batch_size 512: above 256.*--warm_epochs 10, not shorter than '
+                                            r'--epochs 6.*give --warm_epochs below 6 \(0: no warm-up\)'):
+            parse_option(script, ['--batch_size', '512', '--epochs', '6', *(['--ckpt', 'x.pth'] if script == 'linear'
+                                                                            else [])])
+    with pytest.raises(UserError, match='--warm_epochs 10, not shorter than --epochs 10'):
+        parse_option('supcon', ['--batch_size', '512', '--epochs', '10'])
+    with pytest.raises(UserError, match=r'\(--warm\) lasts --warm_epochs 10.*--epochs 1\b.*leave --warm out'):
+        parse_option('supcon', ['--warm', '--epochs', '1'])
+    with pytest.raises(UserError, match=r'--epochs 1\b.*give --warm_epochs 0 \(no warm-up\)'):
+        parse_option('supcon', ['--batch_size', '512', '--epochs', '1'])
+    for argv, message in ((['--warm', '--warm_epochs', '0'], '--warm needs --warm_epochs >= 1'),
+                          (['--warm_epochs', '-1'], '--warm_epochs must be >= 0')):
+        with pytest.raises(UserError, match=message):
+            parse_option('supcon', argv)
+    off = parse_option('supcon', ['--batch_size', '512', '--epochs', '6', '--warm_epochs', '0'])
+    assert not off.warm and off.run_name.endswith('_warm_epochs_0')
+    short = parse_option('supcon', ['--batch_size', '512', '--epochs', '6', '--warm_epochs', '5'])
+    assert short.warm and short.run_name.endswith('_warm_warm_epochs_5')
+    assert parse_option('supcon', ['--batch_size', '1024']).warm            # SupContrast's 1000 epochs: unchanged
+    assert_one_line_error(run_in_process('main_supcon.py', '--batch_size', 512, '--epochs', 3, '--device', 'cpu'),
+                          'not shorter than --epochs 3')
+
+
 @pytest.mark.slow
 def test_adamw_warmup_rises_through_the_real_script(tmp_path):
     """The logged learning rates of a warm-up with AdamW at 1e-3 rise to it (they fell from 0.0059 before)."""
