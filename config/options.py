@@ -138,8 +138,8 @@ def given_flags(script, argv):
 
 # Every field of every script: what a script without a flag reads, and the run's set-up (``engine.setup``).
 FIELD_DEFAULTS = {**{k: v for script in SCRIPTS for k, v in vars(build_parser(script).parse_args([])).items()},
-                  'method': None, 'world_size': 1, 'rank': 0,
-                  'stage1_label_noise': None}      # main_linear.py: its --ckpt run's [--label_noise, its kind]
+                  **{k: v for feature in FEATURES for k, v in feature.absent().items()},     # `absent` values
+                  'method': None, 'world_size': 1, 'rank': 0, 'stage1_label_noise': None}   # the --ckpt run's noise
 SCRIPT_FLAGS = {script: {a.dest for a in build_parser(script)._actions if a.option_strings} for script in SCRIPTS}
 # float flags that may be infinite (every other float flag must be a finite number)
 MAY_BE_INFINITE = {dest(flag) for feature in FEATURES for flag, kw in feature.flags.items() if kw.get('infinite_ok')}

@@ -31,7 +31,7 @@ SCRIPTS = ('supcon', 'ce', 'linear')
 class UserError(Exception):
     """Bad input from the user: reported as one line on stderr with exit status 2 (``cli.run_cli``)."""
 # keys of a flag declaration that are ours, not argparse's
-OWN_KEYS = ('scripts', 'infinite_ok')
+OWN_KEYS = ('scripts', 'infinite_ok', 'absent')
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,10 @@ class Feature:
     Attributes:
         name: the ``--help`` group title.
         flags: ``{'--flag': argparse keywords}``: ``default`` is the real default (shown by ``--help``) and
-            every flag has a ``help`` line. Two keys of ours: ``scripts`` (a flag only some of the feature's
-            scripts have) and ``infinite_ok`` (a float flag that accepts ``inf``; every other float must be
-            finite).
+            every flag has a ``help`` line. Three keys of ours: ``scripts`` (a flag only some of the feature's
+            scripts have), ``infinite_ok`` (a float flag that accepts ``inf``; every other float must be
+            finite) and ``absent`` (the value a script without the flag reads, when it is not the default: a
+            default changed for the scripts that have the flag leaves the others' records as they were).
         scripts: the scripts that have the feature.
         check: a hook (:func:`call_hook`) run after parsing: raise :class:`UserError` with one line for a bad
             value or combination. Besides option fields it may take ``script``, ``given`` (the flags'
@@ -67,9 +68,13 @@ class Feature:
         return {flag: {k: v for k, v in kw.items() if k not in OWN_KEYS} for flag, kw in self.flags.items()
                 if script in kw.get('scripts', self.scripts)}
 
+    def absent(self) -> dict[str, Any]:
+        """``{dest: value}`` of the flags whose ``absent`` value differs from their default."""
+        return {dest(flag): kw['absent'] for flag, kw in self.flags.items() if 'absent' in kw}
+
     def defaults(self) -> dict[str, Any]:
         """``{dest: default}`` of every flag (what a script without the flag reads)."""
-        return {dest(flag): kw.get('default', False if kw.get('action') == 'store_true' else None)
+        return {dest(flag): kw.get('absent', kw.get('default', False if kw.get('action') == 'store_true' else None))
                 for flag, kw in self.flags.items()}
 
 

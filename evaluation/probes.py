@@ -169,7 +169,8 @@ class LinearProbe:
 # ---------------------------------------------------------------- the linear probe's form (main_linear.py)
 LINEAR_PROBE = Feature(
     'the linear probe', scripts=('linear',),
-    flags={'--probe_norm': dict(choices=['none', 'bn'], default='none',
-                                help='bn: MAE\'s normalized probe, a BatchNorm without affine parameters before the '
-                                     'linear layer (default none: SupContrast\'s plain linear layer)')},
+    flags={'--probe_norm': dict(choices=['none', 'bn'], default='bn', absent='none',    # stage 1's records: as before
+                                help='bn (default): MAE\'s normalized probe, a BatchNorm without affine '
+                                     'parameters before the linear layer, blind to the features\' scale and offset; '
+                                     'none: SupContrast\'s plain linear layer')},
     run_name=lambda probe_norm: '_bnprobe' if probe_norm == 'bn' else '')

@@ -13,6 +13,6 @@ rm -rf "$OUT"
     --learning_rate 0.2 --temp 0.1 --cosine --num_workers 0 --seed "$SEED" --save_folder "$OUT/pretrain"
 CKPT="$(find "$OUT/pretrain" -name last.pth | head -n 1)"
 "$PY" main_linear.py --dataset digits --ckpt "$CKPT" --epochs "${LINEAR_EPOCHS:-10}" --batch_size 128 \
-    --learning_rate 1 --cosine --num_workers 0 --seed "$SEED" --save_folder "$OUT/linear"
+    --learning_rate 1 --probe_norm none --cosine --num_workers 0 --seed "$SEED" --save_folder "$OUT/linear"
 RESULTS="$(find "$OUT/linear" -name results.json | head -n 1)"
 "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"digits test accuracy (SupCon + linear eval, seed $SEED): {r['final_test_acc']:.2f} %\")" "$RESULTS"

@@ -13,6 +13,6 @@ for LOSS in ntxent ntlogistic margin_triplet; do
         --feat_dim 128 --batch_size 128 --epochs 100 --learning_rate 0.05 --cosine \
         --save_folder "$OUT/$LOSS/pretrain" "$@"
     "$PY" main_linear.py --dataset cifar10 --ckpt "$(find "$OUT/$LOSS/pretrain" -name last.pth | head -1)" \
-        --batch_size 256 --learning_rate 5 --save_folder "$OUT/$LOSS/linear"
+        --batch_size 256 --learning_rate 5 --probe_norm none --save_folder "$OUT/$LOSS/linear"
 done
 grep -H "final_test_acc" "$OUT"/*/linear/*/*/*/results.json

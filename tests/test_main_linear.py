@@ -74,10 +74,11 @@ def test_transfer_to_another_dataset(tiny_ckpt, tmp_path):
 def test_a_diverged_probe_says_so_and_the_normalized_probe(tiny_ckpt, tmp_path):
     """A probe whose training loss ends above chance level (ln C) reported its accuracy with exit 0 and
     no word; now a warning line, ``warnings.txt`` and ``probe_diverged``/``probe_warning`` in results.json. A probe
-    that trains says ``probe_diverged: false``. ``--probe_norm bn``: MAE's BatchNorm (no affine parameters) before
-    the linear layer, in the checkpoint and the run name."""
+    that trains says ``probe_diverged: false``. ``--probe_norm bn``, the default: MAE's BatchNorm (no affine
+    parameters) before the linear layer, in the checkpoint and the run name."""
     args = ['--ckpt', tiny_ckpt, '--epochs', 3, *FAST]
-    bad = run_script('main_linear.py', *args, '--learning_rate', 30, '--save_folder', tmp_path / 'bad')
+    bad = run_script('main_linear.py', *args, '--learning_rate', 30, '--probe_norm', 'none', '--save_folder',
+                     tmp_path / 'bad')
     folder = only_run_folder(tmp_path / 'bad')
     with open(os.path.join(folder, 'results.json')) as f:
         results = json.load(f)
@@ -86,7 +87,7 @@ def test_a_diverged_probe_says_so_and_the_normalized_probe(tiny_ckpt, tmp_path):
     assert 'warning: the linear probe did not converge' in bad.stderr and 'warning' not in bad.stdout
     with open(os.path.join(folder, 'warnings.txt')) as f:
         assert 'the linear probe did not converge' in f.read()
-    run_script('main_linear.py', *args, '--learning_rate', 0.1, '--probe_norm', 'bn', '--save_folder', tmp_path / 'bn')
+    run_script('main_linear.py', *args, '--learning_rate', 0.1, '--save_folder', tmp_path / 'bn')     # the default
     folder = only_run_folder(tmp_path / 'bn')
     with open(os.path.join(folder, 'results.json')) as f:
         results = json.load(f)

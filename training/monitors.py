@@ -98,7 +98,7 @@ def probe_divergence(train_losses, n_classes, test_nll=None):
     scale). It claims no more: a probe whose training loss oscillates may still rank the test images as a converged
     one does. ``train_losses``: the epochs' mean training losses, in order."""
     chance = math.log(n_classes)
-    hint = 'lower --learning_rate (or use --probe_norm bn)'
+    hint = 'lower --learning_rate (a plain probe, --probe_norm none, also feels the features\' scale: bn does not)'
     values = [*train_losses, *([] if test_nll is None else [test_nll])]
     if not all(math.isfinite(v) for v in values):
         where = 'its test NLL' if train_losses and all(math.isfinite(v) for v in train_losses) else 'its training loss'

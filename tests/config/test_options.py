@@ -245,3 +245,14 @@ def test_a_cuda_device_that_is_not_there_is_one_line_before_the_precision_asks_i
     for script in ('main_supcon.py', 'main_ce.py'):
         for args in (['--device', 'cuda'], ['--device', 'cuda:1', '--amp', 'auto']):
             assert_one_line_error(run_in_process(script, *args, '--save_folder', tmp_path), 'no CUDA device')
+
+
+def test_the_probes_default_is_normalized_and_stage_one_records_keep_theirs():
+    """main_linear.py's --probe_norm defaults to bn (scale-robust); the scripts without the flag read ``none``
+    (its ``absent`` value), so their options, run names and records are what they were before the default changed."""
+    linear = parse_option('linear', ['--ckpt', 'x.pth'])
+    assert linear.probe_norm == 'bn' and linear.run_name.endswith('_bnprobe')
+    assert parse_option('linear', ['--ckpt', 'x.pth', '--probe_norm', 'none']).run_name.endswith('_trial_0')
+    for script in ('supcon', 'ce'):
+        opt = parse_option(script, [])
+        assert opt.probe_norm == 'none' and 'probe' not in opt.run_name

@@ -173,7 +173,7 @@ def test_pretraining_and_the_probes_on_a_subset_of_debians_files(tmp_path):
                      '--batch_size', 128, '--device', 'cpu', '--save_folder', tmp_path / 'lin').stdout
     assert 'final test top-1' in out and 'final val top-1' in out
     lin = only_run_folder(tmp_path / 'lin')
-    assert lin.endswith('_subset_300_val_0.2')
+    assert lin.endswith('_subset_300_bnprobe_val_0.2')
     shots = run_script('main_linear.py', '--ckpt', os.path.join(pre, 'last.pth'), '--shots', 5, '--shot_draws', 2,
                        '--within_superclass', '--device', 'cpu', '--num_workers', 0,
                        '--save_folder', tmp_path / 'shots').stdout

@@ -501,8 +501,8 @@ def test_a_cell_of_the_ablation_equals_the_old_scripts_run(tmp_path):
                '--rascal_weighting', 'current', '--label_granularity', 'coarse', '--epochs', 1, '--learning_rate', 0.2,
                '--temp', 0.1)
     ckpt = os.path.join(run_folder(old / 'pretrain'), 'last.pth')
-    run_script('main_linear.py', *common, '--epochs', 1, '--learning_rate', 1, '--ckpt', ckpt, '--save_folder',
-               old / 'linear')
+    run_script('main_linear.py', *common, '--epochs', 1, '--learning_rate', 1, '--probe_norm', 'none', '--ckpt', ckpt,
+               '--save_folder', old / 'linear')       # the plain probe the script ran (the file says so)
     for stage in ('pretrain', 'linear'):
         new_run, old_run = run_folder(cell / 'seed_1' / stage), run_folder(old / stage)
         assert os.path.basename(new_run) == os.path.basename(old_run)
