@@ -33,9 +33,9 @@ import core.requirements  # noqa: F401  (first: a Python without the requirement
 
 from config.cli import run_cli
 from core.flags import Parser, UserError
+from runtime.run_folder import writable_folder
+from runtime.run_log import read_metrics
 from training.monitors import CollapseWatch
-from training.run_folder import writable_folder
-from training.run_log import read_metrics
 
 COLUMNS = [('final_test_acc', 'test top-1 (%)', 2), ('final_test_ece', 'ECE', 4), ('final_test_nll', 'NLL', 4),
            ('final_test_many_acc', 'many-shot (%)', 2), ('final_test_medium_acc', 'medium-shot (%)', 2),

@@ -29,9 +29,9 @@ from config.cli import run_cli
 from core.flags import Parser, UserError
 from data import DATASETS, mean_std
 from networks import MODELS, parse_model_args
-from training.checkpoint import current_umask, load_checkpoint, run_checkpoint, saved_encoder
-from training.run_folder import writable_folder
-from training.run_log import read_metrics
+from runtime.checkpoint import current_umask, load_checkpoint, run_checkpoint, saved_encoder
+from runtime.run_folder import writable_folder
+from runtime.run_log import read_metrics
 
 ROOT = os.path.dirname(os.path.abspath(__file__))       # this repository (its networks/ for our other models)
 TORCHVISION = {'resnet18', 'resnet34', 'resnet50', 'resnet101'}     # our ResNets torchvision has by that name

@@ -39,14 +39,14 @@ from data import (
 from engine.run import fit, report_selection, setup, write_results
 from evaluation.knn import extract_features, knn_predict
 from evaluation.probes import LinearProbe, few_shot_indices, linear_probe, within_superclass_accuracy
+from runtime.checkpoint import load_encoder
+from runtime.device import Runtime
+from runtime.distributed import is_main
+from runtime.run_log import read_metrics
 from tracking.trackers import finish as finish_trackers
 from tracking.trackers import open_for_run as open_trackers
-from training.checkpoint import load_encoder
-from training.distributed import is_main
 from training.loop import Optimization
 from training.monitors import probe_divergence
-from training.run_log import read_metrics
-from training.runtime import Runtime
 from training.schedule import Schedule, optimizer_for
 from util import progress
 

@@ -27,12 +27,12 @@ import core.requirements  # noqa: F401  (first: a Python without the requirement
 
 from config.cli import error_line
 from core.flags import Parser, UserError
+from runtime.run_folder import lock_folder
 from sweeping import launch as sweep_run
 from sweeping import plan as sweep_plan
 from sweeping.launch import shown
 from sweeping.plan import STAGE1
 from sweeping.show import budget_words, dry_run_tuning, stage_commands, tuning_status
-from training.run_folder import lock_folder
 
 # What runs a sweep (torch, the scripts' parsers, the table's libraries) is imported where a call runs one, not here:
 # --status reads the folders and records alone, in a second or two.

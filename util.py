@@ -1,7 +1,7 @@
 """SupContrast's helpers: progress bars, running averages (:class:`AverageMeter`) and top-k accuracy. The rest of what
 this module once held has homes of its own: the command line's run-time side in ``config/cli.py``, the run folder
-(name, lock, writability) in ``training/run_folder.py``, the per-epoch records in ``training/run_log.py``; devices,
-precision and seeds in ``training/runtime.py``, the learning-rate schedule and the optimizer in
+(name, lock, writability) in ``runtime/run_folder.py``, the per-epoch records in ``runtime/run_log.py``; devices,
+precision in ``runtime/device.py``, seeds in ``runtime/rng.py``, the learning-rate schedule and the optimizer in
 ``training/schedule.py``."""
 import torch
 import torch.distributed as dist

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from data import TwoCropTransform  # noqa: E402
 from data.augment import BatchAugment  # noqa: E402
-from training.runtime import keep_freed_memory  # noqa: E402
+from runtime.device import keep_freed_memory  # noqa: E402
 
 CIFAR_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
 

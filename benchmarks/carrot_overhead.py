@@ -20,7 +20,7 @@ from benchmarks.timing import time_interleaved  # noqa: E402
 from losses import SupConLoss  # noqa: E402
 from losses_carrot import CARROT, FORMS, grad_balanced_total_loss  # noqa: E402
 from networks import SupConResNet  # noqa: E402
-from training.runtime import resolve_device  # noqa: E402
+from runtime.device import resolve_device  # noqa: E402
 
 
 def loss_level(device, reps):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.timing import time_interleaved  # noqa: E402
 from losses_carrot import pair_quantiles  # noqa: E402
-from training.runtime import resolve_device  # noqa: E402
+from runtime.device import resolve_device  # noqa: E402
 
 
 def kthvalue_form(values, valid, qs, count):

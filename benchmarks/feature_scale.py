@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from config.options import parse_option  # noqa: E402
 from data import build_dataset, build_loader, build_transform  # noqa: E402
 from networks import SupConResNet  # noqa: E402
-from training.checkpoint import load_encoder  # noqa: E402
-from training.runtime import Runtime  # noqa: E402
+from runtime.checkpoint import load_encoder  # noqa: E402
+from runtime.device import Runtime  # noqa: E402
 
 
 def scale(encoder, loader, runtime):

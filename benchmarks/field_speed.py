@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.timing import time_interleaved  # noqa: E402
 from losses import SupConLoss  # noqa: E402
 from losses_field import EpsSupInfoNCELoss, KCLLoss, SINCERELoss, SpreadLoss, SupDCLLoss  # noqa: E402
-from training.runtime import resolve_device  # noqa: E402
+from runtime.device import resolve_device  # noqa: E402
 
 TAU = 0.1
 METHODS = {'KCL': lambda: KCLLoss(6, TAU), 'SINCERE': lambda: SINCERELoss(TAU),

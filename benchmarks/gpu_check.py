@@ -318,7 +318,7 @@ def run_folder(save):
 
 
 def epoch_times(folder):
-    from training.run_log import read_metrics
+    from runtime.run_log import read_metrics
     return [float(r['train/epoch_time']) for r in read_metrics(folder) if r.get('train/epoch_time')]
 
 

@@ -40,8 +40,8 @@ from data import TwoCropTransform, build_loader, build_transform  # noqa: E402
 from datasets_indexed import IndexedDataset  # noqa: E402
 from engine.run import setup  # noqa: E402
 from networks import SupConResNet  # noqa: E402
+from runtime.device import Runtime  # noqa: E402
 from training.loop import Optimization, train_loop  # noqa: E402
-from training.runtime import Runtime  # noqa: E402
 from training.schedule import Schedule, set_optimizer  # noqa: E402
 from training.steps import Pretraining  # noqa: E402
 

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.supcontrast_losses import SupConLoss as OriginalSupConLoss  # noqa: E402
 from benchmarks.timing import time_interleaved  # noqa: E402
 from losses import SupConLoss  # noqa: E402
-from training.runtime import resolve_device  # noqa: E402
+from runtime.device import resolve_device  # noqa: E402
 
 
 def main():

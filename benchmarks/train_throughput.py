@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from losses import SupConLoss  # noqa: E402
 from networks import SupConResNet  # noqa: E402
-from training.runtime import Runtime, resolve_device  # noqa: E402
+from runtime.device import Runtime, resolve_device  # noqa: E402
 
 
 def measure(model_name, bsz, steps, warmup, device, amp, channels_last):

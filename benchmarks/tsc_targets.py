@@ -16,7 +16,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from losses_proto import target_spread, uniform_targets  # noqa: E402
-from training.runtime import resolve_device  # noqa: E402
+from runtime.device import resolve_device  # noqa: E402
 
 
 def before_issue_41(n_classes, dim, seed=0, steps=2000, temperature=0.1, device='cpu'):

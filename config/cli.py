@@ -7,8 +7,8 @@ import signal
 import sys
 
 from core.flags import UserError
+from runtime.run_folder import interrupt_message, release_run_folder
 from tracking.trackers import finish as finish_trackers
-from training.run_folder import interrupt_message, release_run_folder
 
 
 class Interrupted(KeyboardInterrupt):

@@ -6,7 +6,7 @@ import argparse
 from core.flags import Feature, UserError, check
 from data import DATASETS, dataset_info, mean_std
 from networks import MODELS, STEMS, is_model_name, parse_model_args, timm_problem
-from training.checkpoint import load_checkpoint
+from runtime.checkpoint import load_checkpoint
 
 
 def model_name(text):

@@ -32,12 +32,12 @@ from data.labels import TRAIN_SUBSET
 from evaluation.knn import MONITOR
 from evaluation.probes import FINETUNE, LINEAR_PROBE, PROBES
 from methods import METHODS, add_method_flags, apply_method_flags, get_method
+from runtime.checkpoint import run_checkpoint
+from runtime.device import COMPILE, PRECISION, REPRODUCIBILITY
+from runtime.run_folder import fit_name
 from tracking.trackers import TRACKER
-from training.checkpoint import run_checkpoint
 from training.chunks import CHUNKS
 from training.memory_queue import QUEUE
-from training.run_folder import fit_name
-from training.runtime import COMPILE, PRECISION, REPRODUCIBILITY
 from training.schedule import OPTIMIZER, SCHEDULE
 from training.steps import CARROT_FLAGS, CE_LOSS, ONE_STAGE
 
@@ -139,7 +139,7 @@ def given_flags(script, argv):
 # Every field of every script: what a script without a flag reads, and the run's set-up (``engine.setup``).
 FIELD_DEFAULTS = {**{k: v for script in SCRIPTS for k, v in vars(build_parser(script).parse_args([])).items()},
                   **{k: v for feature in FEATURES for k, v in feature.absent().items()},     # `absent` values
-                  'method': None, 'world_size': 1, 'rank': 0, 'stage1_label_noise': None}   # the --ckpt run's noise
+                  'method': None, 'world_size': 1, 'rank': 0, 'stage1_label_noise': None, 'held_out_noise': None}
 SCRIPT_FLAGS = {script: {a.dest for a in build_parser(script)._actions if a.option_strings} for script in SCRIPTS}
 # float flags that may be infinite (every other float flag must be a finite number)
 MAY_BE_INFINITE = {dest(flag) for feature in FEATURES for flag, kw in feature.flags.items() if kw.get('infinite_ok')}

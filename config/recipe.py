@@ -19,7 +19,7 @@ import stat
 import sys
 
 from core.flags import UserError
-from training.run_folder import RUN_IDENTITY
+from runtime.run_folder import RUN_IDENTITY
 
 # options in a run.json that are not the experiment's flags: derived from others, or about this process and machine
 RUN_ONLY = {'script', 'run_name', 'run_folder', 'world_size', 'rank', 'local_batch_size', 'warmup_from', 'device',

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from datasets_indexed import IndexedDataset
-from training.runtime import register_generator
+from runtime.rng import register_generator
 
 GRAY = (0.2989, 0.587, 0.114)          # torchvision's RGB -> luma weights for tensors
 

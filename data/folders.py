@@ -11,8 +11,8 @@ from torch.utils.data import Dataset
 from torchvision import datasets, transforms
 
 from core.flags import UserError
-from training.distributed import barrier, is_main
-from training.run_folder import writable_folder
+from runtime.distributed import barrier, is_main
+from runtime.run_folder import writable_folder
 from util import progress
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from core.flags import Feature, UserError, check
-from training.distributed import is_main
+from runtime.distributed import is_main
 
 from .sources import coarse_labels, dataset_info
 

@@ -69,7 +69,7 @@ def build_dataset(opt, part, transform, granularity=None):
     if indices is None and mapping is None and not noise:
         return base
     dataset = Relabeled(base, indices, mapping, classes)
-    held_out_noise = getattr(opt, 'held_out_noise', None)
+    held_out_noise = opt.held_out_noise
     if part == 'val' and held_out_noise:          # --val_noise same: a draw of its own, by --seed
         dataset.targets, flipped = noisy_labels(dataset.targets, len(dataset.classes), held_out_noise[0], opt.seed,
                                                 held_out_noise[1], offset=HELD_OUT_NOISE_SEED)
@@ -157,7 +157,7 @@ def _check_augment(augment, dataset, randaugment, n_views, image_cache, device):
     check(image_cache >= 0, f'--image_cache must be >= 0 (0: off), got {image_cache}')
     resolved = {}
     if augment == 'auto':       # the batched augmentation on a GPU where it can run; the PIL pipeline elsewhere
-        from training.runtime import device_type
+        from runtime.device import device_type
         can = (dataset_info(dataset).in_memory or image_cache) and not randaugment
         augment = resolved['augment'] = 'device' if device_type(device) == 'cuda' and can else 'cpu'
     check(not image_cache or not dataset_info(dataset).in_memory,

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets
 
 from core.flags import UserError
-from training.distributed import barrier, is_main
+from runtime.distributed import barrier, is_main
 
 from . import fashion_mnist
 from .folders import TinyImageNetVal, _class_folders, _image_folder

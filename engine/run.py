@@ -12,26 +12,17 @@ import torch
 from config.resume import config_dict, resume_conflicts
 from core.flags import UserError, call_hook
 from data import held_out_labels
+from runtime.checkpoint import load_checkpoint, load_model_state, save_checkpoint
+from runtime.device import describe_path, keep_freed_memory, resolve_device, set_deterministic
+from runtime.distributed import all_gather_object, barrier, init_distributed, is_main, rank, world_size
+from runtime.rng import GENERATORS, get_rng_state, rank_rng_state, set_rng_state, set_seed
+from runtime.run_folder import RUN, RUN_IDENTITY, hold_run_folder, writable_folder
+from runtime.run_log import RunLogger, read_metrics
 from tracking.trackers import finish as finish_trackers
 from tracking.trackers import open_for_run as open_trackers
 from tracking.trackers import parse_trackers
-from training.checkpoint import load_checkpoint, load_model_state, save_checkpoint
-from training.distributed import all_gather_object, barrier, init_distributed, is_main, rank, world_size
 from training.loop import Optimization, Trainer
 from training.monitors import CollapseWatch
-from training.run_folder import RUN, RUN_IDENTITY, hold_run_folder, writable_folder
-from training.run_log import RunLogger, read_metrics
-from training.runtime import (
-    GENERATORS,
-    describe_path,
-    get_rng_state,
-    keep_freed_memory,
-    rank_rng_state,
-    resolve_device,
-    set_deterministic,
-    set_rng_state,
-    set_seed,
-)
 
 
 def setup(opt, run_folder=True):
@@ -297,7 +288,7 @@ def write_results(opt, last, best, select, **extra):
                    selected_on='held-out' if select.startswith('val/') else 'last epoch' if once else 'test',
                    test_split_read=read, test_read=test_reads(opt.run_folder, opt.epochs) if read else 'never')
     if 'val/acc' in last:          # --val_noise: whether the part that selected had clean labels
-        results['held_out_labels'] = held_out_labels(getattr(opt, 'held_out_noise', None))
+        results['held_out_labels'] = held_out_labels(opt.held_out_noise)
     for part in ('test', 'val'):
         if f'{part}/acc' in best:
             results[f'best_epoch_{part}_acc'] = best[f'{part}/acc']

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from core.flags import Feature, UserError, call_hook, check, check_temperature
 from data import build_dataset, build_loader, build_transform, coarse_labels, num_classes
+from runtime.device import Runtime
 from training.monitors import rankme
-from training.runtime import Runtime
 from util import progress
 
 
@@ -109,7 +109,7 @@ def knn_monitor(opt):
                       f'{name}_fine': label_maps[name]}
 
     # the test split at the last epoch only under --test_every end (a tuned sweep's seeded cells: read it once)
-    every = opt.epochs if part == 'test' and getattr(opt, 'test_every', 'epoch') == 'end' else opt.knn_every
+    every = opt.epochs if part == 'test' and opt.test_every == 'end' else opt.knn_every
 
     def monitor(encoder, epoch):
         if epoch % every and epoch != opt.epochs:

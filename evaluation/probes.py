@@ -17,9 +17,9 @@ from data import coarse_labels
 from evaluation.knn import few_shot_indices, knn_predict  # noqa: F401  (few_shot_indices: part of this module's API)
 from losses import cross_entropy
 from networks import EncoderClassifier, LinearClassifier
-from training.distributed import wrap_model
+from runtime.device import Runtime
+from runtime.distributed import wrap_model
 from training.loop import Optimization, evaluate, parts_after, train_loop
-from training.runtime import Runtime
 from util import accuracy
 
 

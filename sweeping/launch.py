@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from training.run_folder import is_held
+from runtime.run_folder import is_held
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the repository
 RECORD = 'cell.json'

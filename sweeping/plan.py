@@ -22,6 +22,7 @@ from typing import Optional
 
 from config.recipe import load_yaml
 from core.flags import UserError, nearest_flags
+from runtime.run_folder import RUN_IDENTITY
 from sweeping.entries import (  # noqa: F401  (SCRIPTS, SweepError, folder_part: part of this module's API)
     SCRIPTS,
     SweepError,
@@ -34,7 +35,6 @@ from sweeping.entries import (  # noqa: F401  (SCRIPTS, SweepError, folder_part:
 from sweeping.launch import read_record, state
 from sweeping.tracking import add_flags as add_tracker_flags
 from sweeping.tracking import cell_tags
-from training.run_folder import RUN_IDENTITY
 
 # The scripts' parsers (config.options, which imports torch through the features' modules) are imported where a
 # command line is checked, not here: --status reads a sweep's folders without them.

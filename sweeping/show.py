@@ -14,8 +14,8 @@ def budget_words(spec):
 
 def tuning_status(sweep, cells):
     """One line per study of ``cells``: its trials by state and its best held-out value so far."""
+    from runtime.run_folder import is_held
     from sweeping.tune_status import progress_line, read_study
-    from training.run_folder import is_held
     live = is_held(sweep.folder)            # the tuning process holds the sweep's folder while it drives trials
     lines, seen = [f'tuning: {budget_words(sweep.tune)} per study, {sweep.tune.metric} on a held-out '
                    f'{sweep.tune.val_split:g} of the training set'], set()

@@ -101,6 +101,6 @@ def slurm(tmp_path_factory):
 def pytest_collection_modifyitems(items):
     """The end-to-end tests (``slow``) first, each file's in its own order, the quick ones after: pytest-xdist hands
     tests out in this order, so a run of a minute or more never starts last while the other worker has nothing left
-    (the folders are collected by name, and ``tests/training/``'s torchrun runs would come last)."""
+    (the folders are collected by name, and ``tests/runtime/``'s torchrun runs would come late)."""
     items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 

@@ -291,7 +291,7 @@ def only_run_folder(root):
 
 
 def read_metrics(folder):
-    from training.run_log import read_metrics as rows
+    from runtime.run_log import read_metrics as rows
     assert os.path.isfile(os.path.join(folder, 'metrics.csv')), folder
     return rows(folder)
 

@@ -51,11 +51,11 @@ def test_linear_reads_the_checkpoints_of_every_mode(shared_run, name):
     import torch
 
     from config.options import parse_option
-    from training.checkpoint import load_encoder
+    from runtime.checkpoint import load_encoder
     last = os.path.join(shared_run(name)[0], 'last.pth')
     opt = parse_option('linear', ['--ckpt', last])
     opt.device = torch.device('cpu')
-    from training.runtime import Runtime
+    from runtime.device import Runtime
     encoder, opt.model = load_encoder(opt.ckpt, opt.model, 'resnet50', Runtime(opt.device))
     saved = {k[len('encoder.'):]: v for k, v in load(last)['model'].items() if k.startswith('encoder.')}
     assert opt.model == 'resnet_nano' and encoder.state_dict().keys() == saved.keys()

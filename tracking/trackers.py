@@ -8,7 +8,7 @@ the end ``results.json``'s numbers and the file itself (docs/USAGE.md, "Experime
   another, its artifacts beside it (``mlflow ui --backend-store-uri <uri>`` shows them).
 
 A run's tracker ids are kept in ``<run>/trackers.json``, so ``--resume`` continues the same tracker run. Only the
-process that writes the run's records logs (rank 0 under torchrun): :class:`training.run_log.RunLogger` opens the
+process that writes the run's records logs (rank 0 under torchrun): :class:`runtime.run_log.RunLogger` opens the
 trackers, ``engine.run.write_results`` finishes them with the results (or the end of the process does, for a script
 without results.json).
 """

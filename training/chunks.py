@@ -13,7 +13,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from core.flags import Feature, check
-from training.distributed import all_reduce_grads, broadcast_buffers
+from runtime.distributed import all_reduce_grads, broadcast_buffers
 
 
 def chunk_bounds(bsz, chunk_size, n_views):

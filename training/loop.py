@@ -12,8 +12,8 @@ import torch
 
 from core.flags import UserError
 from losses import cross_entropy
-from training.distributed import all_reduce_sum, world_size
-from training.runtime import Runtime, keep_compiled_shapes
+from runtime.device import Runtime, keep_compiled_shapes
+from runtime.distributed import all_reduce_sum, world_size
 from training.schedule import Schedule
 from util import AverageMeter, progress
 

@@ -22,8 +22,8 @@ from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss
 from methods import METHODS, Method, get_method
 from networks import SupCEResNet, SupConResNet
-from training.chunks import cached_step
-from training.distributed import (
+from runtime.device import Runtime, compile_modules
+from runtime.distributed import (
     all_reduce_grads,
     all_reduce_sum,
     broadcast_state,
@@ -32,10 +32,10 @@ from training.distributed import (
     gather_with_grad,
     wrap_model,
 )
+from training.chunks import cached_step
 from training.loop import Optimization, evaluate, parts_after, train_loop
 from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from training.monitors import collapse_statistics
-from training.runtime import Runtime, compile_modules
 from util import accuracy
 
 

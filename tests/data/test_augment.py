@@ -355,7 +355,7 @@ def test_evaluation_loaders_equal_the_cpu_evaluation_transform():
     """``--augment device`` evaluation loaders: the whole split in order, normalized like ToTensor + Normalize;
     creating one leaves the training generator registered."""
     from data import Digits, build_loader, build_transform
-    from training.runtime import GENERATORS
+    from runtime.rng import GENERATORS
     opt = make_options(dataset='digits', size=16, batch_size=100, augment='device', num_workers=0)
     # rank 1 of 2 with a local batch of 64, as engine.setup would set a run up under torchrun
     opt.local_batch_size, opt.world_size, opt.rank, opt.device = 64, 2, 1, torch.device('cpu')

@@ -292,7 +292,7 @@ def test_the_seed_names_the_run_and_a_folder_refuses_another_experiment(tmp_path
     left."""
     from config.options import parse_option
     from engine.run import RUN_IDENTITY, prepare_run_folder
-    from training.run_folder import release_run_folder
+    from runtime.run_folder import release_run_folder
 
     def opt_of(*args):
         return parse_option('supcon', list(map(str, [*SMALL, '--save_folder', tmp_path, *args])))

@@ -582,7 +582,7 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
     """--tasks_per_node 2: one run over two processes (gloo on the CPU), their environment from SLURM's as torchrun
     gives it; bit-equal to the same command under torchrun with 2 processes. (A 2-process run is not a 1-process run:
     each process draws its own augmentations; one step's equality with one process on the concatenated batch is
-    tests/training/test_distributed.py's.)"""
+    tests/runtime/test_distributed.py's.)"""
     path = mini(tmp_path / 's.yaml', base={**TINY, 'epochs': 1}, linear=None, compare=None, seeds=[0],
                 methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}})
     out = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, '--tasks_per_node', 2, env=slurm.env)

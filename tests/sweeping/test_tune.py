@@ -437,8 +437,8 @@ def test_a_budget_lowered_below_what_ran_is_refused(tmp_path):
 def test_a_trial_held_as_running_with_nothing_running_is_interrupted(tmp_path):
     """--status after an interrupt: the study's record still says running, but no process holds the sweep's folder,
     so the trial is shown as interrupted (the next call continues it), as USAGE's states say."""
+    from runtime.run_folder import lock_folder
     from sweeping.tune_status import progress_line
-    from training.run_folder import lock_folder
     record = {'trials': [{'state': 'complete', 'value': 90.0, 'number': 0}, {'state': 'running', 'number': 1}],
               'best': {'value': 90.0, 'number': 0}, 'folder': str(tmp_path)}
     assert progress_line(record, 3, live=False).startswith('2 of 3 trials: 1 complete, 1 interrupted')

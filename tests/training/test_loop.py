@@ -10,8 +10,8 @@ from training import loop
 
 
 def test_evaluate_shot_groups_and_per_class_accuracy():
+    from runtime.device import Runtime
     from training.loop import evaluate
-    from training.runtime import Runtime
     opt = Runtime(torch.device('cpu'))
     labels = torch.tensor([0, 0, 1, 1, 2, 2, 2, 2])
     logits = F.one_hot(torch.tensor([0, 1, 1, 1, 0, 2, 2, 0]), 3).float() * 5   # class acc: 50, 100, 50 %
@@ -111,7 +111,7 @@ def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eager
     recompiles, no code generation). Power check: without the loop's call, the smaller batch compiles new graphs."""
     from torch._dynamo.utils import counters
 
-    from training import runtime
+    from runtime import device
     from training.schedule import Schedule
 
     def graphs_of_a_run(keep):
@@ -122,7 +122,7 @@ def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eager
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
                                     torch.nn.Linear(8, 2))
-        runtime.compile_modules(True, model, backend='eager')
+        device.compile_modules(True, model, backend='eager')
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         batches = _Batches([(torch.randn(16, 4),), (torch.randn(16, 4),), (torch.randn(12, 4),)])
 
@@ -139,7 +139,7 @@ def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eager
                 model(torch.randn(5, 4))
         finally:
             torch.compiler.set_stance('default')
-            runtime._compiled = False
+            device._compiled = False
         assert math.isfinite(out['train/loss'])
         return counters['stats']['unique_graphs']
 

@@ -108,8 +108,8 @@ def test_device_loader_batches_never_wait_for_the_device():
 def test_evaluation_never_waits_for_the_device_per_batch():
     """``loop.evaluate`` accumulates on the device and reads its totals once, after the last batch: the counts
     do not grow with the number of batches."""
+    from runtime.device import Runtime
     from training.loop import evaluate
-    from training.runtime import Runtime
     opt = Runtime(torch.device('cpu'))
 
     def count(n_batches):

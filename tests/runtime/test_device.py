@@ -1,27 +1,16 @@
-"""training/runtime.py: the RNG state round trip, re-seeding what cannot be restored, the allocator setting."""
+"""runtime/device.py: the allocator setting, and the fast path by default on a GPU (--augment, --amp, ...)."""
 import platform
-import random
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 from helpers import ROOT, script_env
-from training.runtime import get_rng_state, set_rng_state
-
-
-def test_rng_state_round_trip():
-    state = get_rng_state()
-    a = (random.random(), np.random.rand(), torch.rand(1).item())
-    set_rng_state(state)
-    assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
-
 
 FAULTS = """
 import resource, sys, torch
-from training import runtime
+from runtime import device as runtime
 torch.set_num_threads(1)      # one thread frees in one order (two made the plain count vary from 6e3 to 3e5)
 if sys.argv[1] == 'keep':
     assert runtime.keep_freed_memory()
@@ -45,53 +34,6 @@ def test_keep_freed_memory_spares_the_page_faults():
         return int(out.split()[-1])
     plain, kept = faults('plain'), faults('keep')
     assert kept * 5 < plain, (kept, plain)
-
-
-def test_cuda_state_of_this_device_only():
-    """A checkpoint from a node with more visible GPUs (an old list of every device's state) resumes on one
-    device: that device's entry, else ``None`` with the reason (the caller re-seeds), never an IndexError."""
-    from training.runtime import cuda_state_for_this_device
-    states = [torch.full((16,), i, dtype=torch.uint8) for i in range(8)]
-    state, why = cuda_state_for_this_device({'cuda': states}, 3)
-    assert torch.equal(state, states[3]) and why is None
-    state, why = cuda_state_for_this_device({'cuda': states[:2]}, 5)
-    assert state is None and 'cuda:5' in why
-    state, why = cuda_state_for_this_device({'cuda': states[2]}, 0)        # this project's: one device's
-    assert torch.equal(state, states[2])
-    assert cuda_state_for_this_device({}, 0)[0] is None
-
-
-def test_generator_saved_on_another_device_is_reseeded_with_a_notice():
-    """The augmentation generator of a run resumed on another device type (a CUDA generator's 16-byte state on a
-    CPU generator, or the reverse) is re-seeded, and the notice says so."""
-    from training import runtime
-    g = runtime.register_generator('test_other_device', torch.Generator().manual_seed(1))
-    try:
-        state = get_rng_state()
-        state['generators']['test_other_device'] = torch.zeros(16, dtype=torch.uint8)   # a CUDA generator's
-        notices = set_rng_state(state, reseed=42)
-        assert len(notices) == 1 and 'test_other_device' in notices[0]
-        assert torch.equal(g.get_state(), torch.Generator().manual_seed(42).get_state())
-        state['generator_devices'] = {'test_other_device': 'cuda'}
-        state['generators']['test_other_device'] = torch.Generator().manual_seed(5).get_state()
-        assert len(set_rng_state(state, reseed=7)) == 1                 # refused by the recorded device type
-        state['generator_devices'] = {'test_other_device': 'cpu'}
-        assert set_rng_state(state, reseed=7) == []                     # power: a matching state is restored
-        assert torch.equal(g.get_state(), torch.Generator().manual_seed(5).get_state())
-    finally:
-        runtime.GENERATORS.pop('test_other_device')
-
-
-def test_rank_states_for_another_number_of_processes():
-    """2 -> 3 processes: no process may take rank 0's state (they would all draw alike): every one re-seeds."""
-    from training.runtime import rank_rng_state
-    ckpt = {'rng': 'r0', 'rng_ranks': ['r0', 'r1']}
-    assert rank_rng_state(ckpt, 1, 2) == ('r1', None)
-    for rank in range(3):
-        state, why = rank_rng_state(ckpt, rank, 3)
-        assert state is None and '2 process(es)' in why and 'has 3' in why
-    assert rank_rng_state({'rng': 'r0'}, 0, 1) == ('r0', None)
-    assert rank_rng_state({'rng': 'r0'}, 1, 2)[0] is None
 
 
 # ---------------------------------------------------------------- the fast path by default on a GPU
@@ -162,7 +104,7 @@ def test_channels_last_takes_on_off_and_the_flag_alone(tmp_path):
 
 
 def test_the_first_line_names_the_path():
-    from training.runtime import describe_path
+    from runtime.device import describe_path
     assert describe_path(torch.device('cpu'), 'cpu', 'none', False) == \
         'path: cpu, --augment cpu, --amp none, --channels_last off'
     line = describe_path(torch.device('cuda'), 'device', 'bf16', True, compile=True)

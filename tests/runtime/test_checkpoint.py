@@ -1,4 +1,4 @@
-"""training/checkpoint.py through the scripts: corrupt, truncated and mismatched checkpoints are one-line errors;
+"""runtime/checkpoint.py through the scripts: corrupt, truncated and mismatched checkpoints are one-line errors;
 checkpoints of the original SupContrast and of torch.compile load."""
 import os
 import pickle
@@ -73,7 +73,7 @@ def test_original_supcontrast_and_compiled_checkpoints(tiny_ckpt, tmp_path):
 
 def test_checkpoints_get_the_mode_of_other_files(tmp_path):
     """last.pth was 0600 (a temporary file renamed) while other run files follow the umask."""
-    from training.checkpoint import save_checkpoint
+    from runtime.checkpoint import save_checkpoint
     old = os.umask(0o022)
     try:
         save_checkpoint(str(tmp_path / "last.pth"), {"model": {}})

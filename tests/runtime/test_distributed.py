@@ -216,7 +216,7 @@ def trained_states(case, rank, steps=3):
 
 
 def world_size():
-    from training import distributed
+    from runtime import distributed
     return distributed.world_size()
 
 
