@@ -31,7 +31,7 @@ class RunLogger:
     """
 
     def __init__(self, folder, start_epoch=1, tensorboard=True, trackers=()):
-        from torch.utils.tensorboard import SummaryWriter
+        from tracking.tensorboard import open_writer
         os.makedirs(folder, exist_ok=True)
         self.trackers = list(trackers)          # tracking.trackers' open runs (W&B, MLflow): every epoch's scalars
         self.folder = folder
@@ -47,8 +47,7 @@ class RunLogger:
         if self.rows:   # back to dicts (header first)
             self.rows = [dict(zip(self.rows[0], r)) for r in self.rows[1:]]
         self.hist_rows = [r for r in self.hist_rows if r[0] != 'epoch']
-        self.writer = SummaryWriter(os.path.join(folder, 'tensorboard'), purge_step=start_epoch) if tensorboard \
-            else None
+        self.writer = open_writer(os.path.join(folder, 'tensorboard'), start_epoch) if tensorboard else None
 
     def log(self, epoch, metrics, histograms=None):
         for tracker in self.trackers:

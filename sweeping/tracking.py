@@ -46,7 +46,7 @@ def cell_tags(method, axes, seed, job_type, **more):
 def mark_trial(stage_runs, state, objective):
     """A tuning trial's state (complete, pruned, diverged) and objective on its runs' tracker records (``stage_runs``:
     the run folders of its stages); each run marked once per state."""
-    from tracking.trackers import load_ids, mlflow_client, save_ids
+    from tracking.trackers import load_ids, mlflow_client, save_ids, wandb_add
     for folder in stage_runs:
         ids = load_ids(folder) if folder else {}
         if not ids or ids.get('trial_state') == state:
@@ -61,21 +61,8 @@ def mark_trial(stage_runs, state, objective):
             if state != 'complete':          # a pruned run was stopped before it could end its tracker run
                 client.set_terminated(run_id, status='KILLED' if state == 'pruned' else 'FAILED')
         if ids.get('wandb'):
-            _wandb_update(folder, ids['wandb'], values)
+            wandb_add(folder, ids['wandb'], values)
         save_ids(folder, {**load_ids(folder), 'trial_state': state})
-
-
-def _wandb_update(folder, entry, summary, files=()):
-    """Reopen the W&B run ``entry`` (its id and project) from ``folder`` and add ``summary`` and ``files``."""
-    import wandb
-
-    from tracking.trackers import wandb_mode
-    run = wandb.init(project=entry['project'], dir=folder, id=entry['id'], resume='allow', mode=wandb_mode(),
-                     settings=wandb.Settings(silent=True))
-    run.summary.update(summary)
-    for path in files:
-        run.save(path, base_path=os.path.dirname(path), policy='now')
-    run.finish()
 
 
 def log_sweep(sweep, written):
@@ -85,7 +72,7 @@ def log_sweep(sweep, written):
     files = [p for n, p in written.items() if n.endswith(('.md', '.png')) and os.path.isfile(p)]
     if not used or not files:
         return
-    from tracking.trackers import load_ids, mlflow_client, mlflow_experiment, mlflow_parent, save_ids
+    from tracking.trackers import load_ids, mlflow_client, mlflow_experiment, mlflow_parent, save_ids, wandb_add
     ids = load_ids(sweep.folder)
     if 'mlflow' in used:
         uri = store_uri(sweep.folder)
@@ -97,13 +84,6 @@ def log_sweep(sweep, written):
     if 'wandb' in used:
         import uuid
         entry = ids.get('wandb') or {'id': uuid.uuid4().hex[:16], 'project': sweep.name}
-        import wandb
-
-        from tracking.trackers import wandb_mode
-        run = wandb.init(project=entry['project'], dir=sweep.folder, id=entry['id'], resume='allow', name=sweep.name,
-                         group=sweep.name, job_type='sweep', mode=wandb_mode(), settings=wandb.Settings(silent=True))
-        for path in files:
-            run.save(path, base_path=os.path.dirname(path), policy='now')
-        run.finish()
+        wandb_add(sweep.folder, entry, files=files, name=sweep.name, group=sweep.name, job_type='sweep')
         ids['wandb'] = entry
     save_ids(sweep.folder, ids)

@@ -140,6 +140,30 @@ def test_a_doctored_import_is_caught():
     assert any({'training.loop', 'training.steps'} <= set(c) for c in circles(inner))
 
 
+TRACKER_PACKAGES = ('wandb', 'mlflow', 'torch.utils.tensorboard')
+
+
+def tracker_imports(source):
+    """The lines of ``source`` that import W&B, MLflow or TensorBoard (anywhere in the file)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ''] if isinstance(node, ast.ImportFrom) else []
+        if any(n == p or n.startswith(p + '.') for n in names for p in TRACKER_PACKAGES):
+            found.append(node.lineno)
+    return found
+
+
+def test_only_tracking_calls_the_trackers():
+    """Every import of W&B, MLflow and TensorBoard is in ``tracking/`` (the scripts, benchmarks and the rest call
+    it); power check: a doctored import elsewhere is found."""
+    sources = {p: p.read_text() for p in ROOT.rglob('*.py')
+               if not {'tests', 'tracking', '.venv'} & set(p.relative_to(ROOT).parts[:1]) and '.venv' not in p.parts}
+    assert {str(p.relative_to(ROOT)): lines for p, text in sources.items() if (lines := tracker_imports(text))} == {}
+    assert tracker_imports('def f():\n    from torch.utils.tensorboard import SummaryWriter\n') == [2]
+    assert tracker_imports('import mlflow.tracking\n') == [1] and tracker_imports('import mlflowish\n') == []
+
+
 def test_the_root_holds_the_design_files_the_loss_files_the_registry_and_the_commands():
     root = sorted(p.stem for p in ROOT.glob('*.py'))
     assert len(root) <= MAX_ROOT_FILES, root

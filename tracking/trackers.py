@@ -228,6 +228,20 @@ def wandb_mode():
     return os.environ.get('WANDB_MODE') or ('online' if wandb_logged_in() else 'offline')
 
 
+def wandb_add(folder, entry, summary=None, files=(), **init):
+    """Reopen (or make) the W&B run ``entry`` (its id and project) in ``folder`` and add ``summary`` and ``files``:
+    the sweep's trial marks and its own run (``sweeping/tracking.py``); ``init``: more of ``wandb.init``'s keywords
+    (name, group, job_type)."""
+    import wandb
+    run = wandb.init(project=entry['project'], dir=folder, id=entry['id'], resume='allow', mode=wandb_mode(),
+                     settings=wandb.Settings(silent=True), **init)
+    if summary:
+        run.summary.update(summary)
+    for path in files:
+        run.save(path, base_path=os.path.dirname(path), policy='now')
+    run.finish()
+
+
 class WandbRun:
     """One W&B run for a run folder: the same id across ``--resume`` (``<run>/trackers.json``)."""
 
