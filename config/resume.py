@@ -3,13 +3,12 @@ run.json and a sweep's finished cells are checked by (docs/USAGE.md, "Run folder
 from config.options import FEATURES
 
 # Where a run ran, not what it learned: its paths, its recipe file, its device (run.json records the one --device auto
-# resolved to) and the speed path (--augment, --amp and --channels_last: what auto resolves to depends on the device),
-# the process's share of a torchrun batch and the data workers a machine's cores allow. A finished run recorded with
-# other values of these is still the same run (a sweep's finished stage is held to every other flag, --epochs
-# included).
+# resolved to), the process's share of a torchrun batch and the data workers a machine's cores allow, and what each
+# feature declares (``Feature.where_it_ran``: the speed path --augment, --amp and --channels_last, whose auto values
+# depend on the device; the trackers). A finished run recorded with other values of these is still the same run (a
+# sweep's finished stage is held to every other flag, --epochs included).
 WHERE_IT_RAN = {'config', 'save_folder', 'resume', 'run_folder', 'data_folder', 'num_workers', 'world_size', 'rank',
-                'local_batch_size', 'device', 'augment', 'amp', 'channels_last',
-                'tracker', 'tracker_project', 'tracker_uri', 'tracker_group', 'tracker_tags'}   # where it was logged
+                'local_batch_size', 'device', *(name for feature in FEATURES for name in feature.where_it_ran)}
 # What may differ when a run is resumed: besides where it runs, flags that do not change what is learned (a longer
 # --epochs is how a run is extended), the features' own (``Feature.resume_may_change``: e.g. --amp, --channels_last
 # and --chunk_size change precision, memory layout and memory use, not the experiment), and fields that describe

@@ -53,6 +53,9 @@ class Feature:
             other flags (the schedule's warm-up above batch 256).
         run_name: a hook returning the feature's suffix of the run folder's name (``''`` when off).
         resume_may_change: destinations of its flags that may differ when a run is resumed.
+        where_it_ran: destinations of its flags that say where a run ran, not what it learned (a device path, a
+            tracker): a finished run recorded with other values is the same run, and a resume may change them
+            (``config/resume.py``).
     """
     name: str
     flags: dict[str, dict[str, Any]]
@@ -60,6 +63,7 @@ class Feature:
     check: Optional[Callable] = None
     run_name: Optional[Callable] = None
     resume_may_change: tuple[str, ...] = field(default_factory=tuple)
+    where_it_ran: tuple[str, ...] = field(default_factory=tuple)
 
     def flags_of(self, script: str) -> dict[str, dict[str, Any]]:
         """``{'--flag': argparse keywords}`` of the flags ``script`` has (our keys removed)."""

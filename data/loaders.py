@@ -174,7 +174,7 @@ def _check_augment(augment, dataset, randaugment, n_views, image_cache, device):
 
 
 AUGMENT = Feature(
-    'augmentation (docs/AUGMENT.md)', check=_check_augment,
+    'augmentation (docs/AUGMENT.md)', check=_check_augment, where_it_ran=('augment',),
     flags={'--augment': dict(choices=['auto', 'cpu', 'device'], default='auto',
                              help='training augmentation: cpu (per image, PIL, DataLoader workers: SupContrast\'s), '
                                   'device (the same pipeline batched on --device; in-memory datasets), or auto '

@@ -128,7 +128,7 @@ def resolve_precision(amp, channels_last, device):
 
 
 PRECISION = Feature(
-    'precision and memory layout', resume_may_change=('amp', 'channels_last'), check=resolve_precision,
+    'precision and memory layout', where_it_ran=('amp', 'channels_last'), check=resolve_precision,
     flags={'--amp': dict(choices=['auto', *AMP_DTYPES], default='auto',
                          help='mixed precision autocast (losses still compute in float32); auto: bf16 on a CUDA GPU '
                               'with bf16 tensor cores, none elsewhere'),

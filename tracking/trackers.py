@@ -164,7 +164,7 @@ def check_mlflow_uri(uri):
 
 TRACKER = Feature(
     'experiment trackers', scripts=('supcon', 'ce', 'linear'),
-    resume_may_change=('tracker', 'tracker_project', 'tracker_uri', 'tracker_group', 'tracker_tags'),
+    where_it_ran=('tracker', 'tracker_project', 'tracker_uri', 'tracker_group', 'tracker_tags'),
     flags={'--tracker': dict(default='tensorboard',
                              help='where the run is logged besides metrics.csv: tensorboard, wandb (offline unless '
                                   'logged in or WANDB_MODE says otherwise), mlflow (a local SQLite store), none, or '
