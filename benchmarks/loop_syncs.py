@@ -8,7 +8,7 @@ Two counters, one harness:
   operation warn; each warning is counted under the innermost line of this repository that made it (file, line,
   function and the code), so a report names the operation.
 - ``tests/sync_count.SyncCounter``: on a CPU, the operations whose CUDA form would wait (``tests/training/test_sync.py``
-  asserts its counts; ``benchmarks/gpu_check.py --dry-run`` runs this harness with it).
+  asserts its counts; ``scripts/gpu_check.sh --dry-run`` runs this harness with it).
 
     python benchmarks/loop_syncs.py [--device cuda] [--iterations 8]     # every mode of MODES, a table
 

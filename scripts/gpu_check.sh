@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (benchmarks/gpu_check.py): every CUDA-side check and measurement of the project,
+# The GPU check in one command (benchmarks/gpu_check/): every CUDA-side check and measurement of the project,
 # into $OUT/gpu_report.md and gpu_report.json (./gpu_check_out without $OUT). Installs nothing: on the GPU machine
 # it runs with the image's own python3 (torch, torchvision, timm already there).
 #   bash scripts/gpu_check.sh [--sections 1-8] [--budget SECONDS]     # on a GPU (docs/DEVELOPING.md, "On a GPU")
@@ -18,4 +18,4 @@ if [ -z "${PY:-}" ]; then
     fi
 fi
 export PYTHONUNBUFFERED=1
-exec "$PY" benchmarks/gpu_check.py "$@"
+exec "$PY" -m benchmarks.gpu_check "$@"

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py (scripts/gpu_check.sh), the GPU check in one command: its dry run end to end on this
+"""benchmarks/gpu_check/ (scripts/gpu_check.sh), the GPU check in one command: its dry run end to end on this
 machine (every section; those that need CUDA say ``skipped: no CUDA``, never ``passed``), a failing or hanging
 section recorded while the next one runs, and the checks its verdicts rest on."""
 import json
@@ -160,7 +160,7 @@ def test_field_runs_skipped_for_time_are_not_failures(tmp_path, monkeypatch):
     def fail(*args):
         ctx.n = 1
         raise RuntimeError('boom')
-    monkeypatch.setattr(gpu_check, 'Forked', fail)
+    monkeypatch.setattr(gpu_check.field, 'Forked', fail)           # the field section's fork helper
     assert gpu_check.section_field(ctx)['status'] == 'failed'
 
 
@@ -268,7 +268,7 @@ def test_a_field_run_stopped_by_the_budgets_end_is_skipped_not_failed(tmp_path, 
 
         def poll(self):
             raise RuntimeError('timed out after 11 s')
-    monkeypatch.setattr(gpu_check, 'Forked', TimedOut)
+    monkeypatch.setattr(gpu_check.field, 'Forked', TimedOut)
     for left, status in ((11.0, 'skipped: out of time'), (1000.0, 'failed')):
         monkeypatch.setattr(gpu_check.Context, 'left', lambda self, reserve=5, left=left: left)
         ctx = gpu_check.Context(True, False, str(tmp_path / str(left)), str(tmp_path / 'log'), 0)
