@@ -14,7 +14,7 @@ from the baseline with their 95 % intervals, per group), ``figure.png`` and ``sw
 state, time and folders). docs/USAGE.md, "Sweeps", has the file's schema.
 
 With a ``tune:`` section the seeded cells wait for tuning: every method (per combination of the grid's values) first
-gets the same budget of Optuna trials on a held-out part of the training set (sweeping/tune.py; docs/USAGE.md,
+gets the same budget of Optuna trials on a held-out part of the training set (sweeping/tuning/tuner.py; docs/USAGE.md,
 "Tuning"), and the cells then run with each study's chosen values and read the test split once.
 """
 import os
@@ -32,7 +32,7 @@ from sweeping import launch as sweep_run
 from sweeping import plan as sweep_plan
 from sweeping.launch import shown
 from sweeping.plan import STAGE1
-from sweeping.show import budget_words, dry_run_tuning, stage_commands, tuning_status
+from sweeping.tuning.show import budget_words, dry_run_tuning, stage_commands, tuning_status
 
 # What runs a sweep (torch, the scripts' parsers, the table's libraries) is imported where a call runs one, not here:
 # --status reads the folders and records alone, in a second or two.
@@ -287,8 +287,8 @@ def local_jobs(jobs):
 def tune(sweep, cells, args):
     """The tuning phase: every study of ``cells`` driven to its budget; 0 when all are finished, else the sweep's
     exit code (a trial crashed: 1, the next call retries it; an interrupt: 130 or 143)."""
-    from sweeping import trials
-    from sweeping import tune as tuning
+    from sweeping.tuning import trials
+    from sweeping.tuning import tuner as tuning
     wanted = {(c.method, tuple(c.axes.items())) for c in cells if c.waiting}
     studies = [s for s in tuning.studies_of(sweep) if (s.method, tuple(s.chosen.items())) in wanted]
     print(f'tuning: {len(studies)} studies x {budget_words(sweep.tune)} ({sweep.tune.metric} on a held-out '

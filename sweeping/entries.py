@@ -1,6 +1,6 @@
 """A sweep file's entries as command lines and folder names: the one-line error of a bad entry (:class:`SweepError`),
 a label as a folder name, a flag mapping as a script's command-line tokens (checked by the script's own parser).
-Below ``plan.py`` and ``tune_spec.py``, which both read entries."""
+Below ``plan.py`` and ``tuning/spec.py``, which both read entries."""
 import re
 
 from config.recipe import tokens

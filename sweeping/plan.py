@@ -140,7 +140,7 @@ class Sweep:
     compare: list
     slurm: dict
     text: str
-    tune: Optional[object] = None             # the tune: section (sweeping.tune_spec.TuneSpec), or None
+    tune: Optional[object] = None             # the tune: section (sweeping.tuning.spec.TuneSpec), or None
     base: dict = field(default_factory=dict)
     entries: dict = field(default_factory=dict)       # label -> (script, flags, evaluations)
     evaluation_flags: dict = field(default_factory=dict)   # evaluation -> its flags
@@ -247,7 +247,7 @@ def read(path, save_folder=None, check=True):
                          + f'{len(seeds)} seeds): more than the {MAX_CELLS} a sweep plans; split it into several files')
     tune = None
     if data.get('tune') is not None:
-        from sweeping.tune_spec import read_spec
+        from sweeping.tuning.spec import read_spec
         tune = read_spec(data['tune'], method_space, where, entries, axes, evaluations, base, check)
         seeds = fresh_seeds(data['seeds'], seeds, tune, where)
     elif any(v is not None for v in method_space.values()):

@@ -78,7 +78,7 @@ def write_results(sweep, cells, now):
               f'{sum(1 for s in now.values() if s == "done")} of {len(now)} stages done.', '']
     figures, problems, tuning = [], [], None
     if sweep.tune is not None:          # the tuning first: the chosen values, then the test comparison
-        from sweeping import tune_report
+        from sweeping.tuning import report as tune_report
         tuning = tune_report.write(sweep, lines, written)
     for i, table in enumerate(sweep.compare):
         metric = table['metric']

@@ -37,8 +37,9 @@ def project_modules(root=ROOT):
     for init in root.glob('*/__init__.py'):
         package = init.parent.name
         if package not in ('tests', 'benchmarks'):
-            for p in sorted(init.parent.glob('*.py')):
-                modules[package if p.stem == '__init__' else f'{package}.{p.stem}'] = p
+            for p in sorted(init.parent.rglob('*.py')):         # sub-packages too (sweeping.tuning.tuner)
+                name = '.'.join(p.relative_to(root).with_suffix('').parts)
+                modules[name[:-len('.__init__')] if name.endswith('.__init__') else name] = p
     return modules
 
 

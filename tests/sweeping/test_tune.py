@@ -1,4 +1,4 @@
-"""Tuning in a sweep (sweeping/tune_spec.py, sweeping/tune.py, sweeping/tune_report.py), with real Optuna: bad
+"""Tuning in a sweep (sweeping/tuning/: spec.py, tuner.py, report.py), with real Optuna: bad
 ``tune:`` input as one line before anything runs; equal budgets; the chosen values the argmax of the trials' held-out
 results; no trial reading the test split (a dataset without one); a seeded study proposing the same trials again, also
 after ``kill -9``, with no trial redone and no budget exceeded; a pruned trial's run stopped early; the SLURM path on
@@ -158,7 +158,7 @@ def test_the_status_of_a_tuned_sweep_imports_neither_torch_nor_optuna(tmp_path):
 
 def test_the_expected_best_of_n_trials_is_the_mean_maximum_over_all_draws():
     """Dodge et al.'s formula against the mean of max over every n-tuple drawn with replacement."""
-    from sweeping.tune_report import expected_best
+    from sweeping.tuning.report import expected_best
     values = [81.0, 83.5, 79.25, 83.5, 90.0]
     for n in range(1, 4):
         draws = list(itertools.product(values, repeat=n))
@@ -169,7 +169,7 @@ def test_the_expected_best_of_n_trials_is_the_mean_maximum_over_all_draws():
 def test_flatness_against_hand_computed_cases():
     """A study is flat when the best of its first three quarters of trials (in the order run, rounded up) is within
     the margin of its best: a best that came last, by more than the margin, is not flat."""
-    from sweeping.tune_report import flatness
+    from sweeping.tuning.report import flatness
 
     def trials(*values):
         return [{'number': i, 'state': 'pruned' if v is None else 'complete', 'value': v} for i, v in enumerate(values)]
@@ -367,7 +367,7 @@ def test_tuning_through_slurm(slurm, tmp_path):
 def test_a_raised_budget_chooses_again(tmp_path):
     """best.json counts for the budget it was chosen with: a file that raises trials: has its cells wait again."""
     from sweeping import plan as sweep_plan
-    from sweeping.tune_spec import study_folder
+    from sweeping.tuning.spec import study_folder
     path = ce_only(tmp_path / 's.yaml', trials=3)
     sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
     folder = pathlib.Path(study_folder(sweep_.folder, 'CE', {}))
@@ -388,7 +388,7 @@ def test_a_raised_budget_chooses_again(tmp_path):
 def tuner_of(path, save, say=None):
     """The sweep's Tuner, built as ``sweep.py`` builds it (no trial is started)."""
     from sweeping import plan as sweep_plan
-    from sweeping import tune as tuning
+    from sweeping.tuning import tuner as tuning
     sweep_ = sweep_plan.read(str(path), str(save))
     return tuning.Tuner(sweep_, tuning.studies_of(sweep_), say=say or (lambda text: None)), sweep_
 
@@ -405,7 +405,7 @@ def test_a_storage_that_cannot_be_opened_is_one_line_before_any_trial(tmp_path):
 def test_a_journal_cut_mid_write_is_trimmed_with_a_note(tmp_path):
     """A crash mid-write leaves the journal's last record without its newline: the next call drops that record (its
     write never completed) with a note and continues the study; the trials asked before it are still there."""
-    from sweeping import tune as tuning
+    from sweeping.tuning import tuner as tuning
     tuner, sweep_ = tuner_of(ce_only(tmp_path / 's.yaml', trials=3), tmp_path / 'save')
     (study, opt_study), = tuner.studies
     first = tuner.ask(study, opt_study)
@@ -430,7 +430,7 @@ def test_a_budget_lowered_below_what_ran_is_refused(tmp_path):
     ce_only(tmp_path / 's.yaml', trials=1)
     with pytest.raises(UserError, match='tune.trials is 1, but CE already ran 3 trials'):
         tuner_of(tmp_path / 's.yaml', tmp_path / 'save')
-    from sweeping.tune_status import progress_line
+    from sweeping.tuning.status import progress_line
     assert progress_line(record, 1).startswith('3 trials, more than the file\'s budget of 1: refused')
 
 
@@ -438,7 +438,7 @@ def test_a_trial_held_as_running_with_nothing_running_is_interrupted(tmp_path):
     """--status after an interrupt: the study's record still says running, but no process holds the sweep's folder,
     so the trial is shown as interrupted (the next call continues it), as USAGE's states say."""
     from runtime.run_folder import lock_folder
-    from sweeping.tune_status import progress_line
+    from sweeping.tuning.status import progress_line
     record = {'trials': [{'state': 'complete', 'value': 90.0, 'number': 0}, {'state': 'running', 'number': 1}],
               'best': {'value': 90.0, 'number': 0}, 'folder': str(tmp_path)}
     assert progress_line(record, 3, live=False).startswith('2 of 3 trials: 1 complete, 1 interrupted')
@@ -484,7 +484,7 @@ def test_the_dry_run_of_a_tuned_sweep_prints_every_command_with_placeholders(tmp
     <flag> for each value still to choose; with the values filled in, a trial's command is the one the tuning runs
     and a cell's the one the sweep runs once the study has chosen them."""
     from sweeping import plan as sweep_plan
-    from sweeping import tune as tuning
+    from sweeping.tuning import tuner as tuning
     path = tuned(tmp_path / 's.yaml')
     out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
     assert out.returncode == 0, out.stderr
@@ -566,7 +566,7 @@ def test_val_noise_same_gives_the_trials_held_out_part_the_runs_label_noise(tmp_
     that noise (both stages get --val_noise same); a run without noise keeps them clean; the seeded cells hold nothing
     out. A value other than clean or same is one line."""
     from sweeping import plan as sweep_plan
-    from sweeping import tune as tuning
+    from sweeping.tuning import tuner as tuning
     path = tuned(tmp_path / 's.yaml', grid={'noise': {'0': {'label_noise': 0}, '0.4': {'label_noise': 0.4}}},
                  tune={'trials': 3, 'space': SPACE, 'val_noise': 'same'})
     sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
@@ -594,7 +594,7 @@ def test_the_parallel_coordinate_plot_shows_every_trial_and_its_colour_bar_clear
     import optuna
     from optuna.visualization import matplotlib as plots
 
-    from sweeping.tune_report import readable_parallel_coordinate
+    from sweeping.tuning.report import readable_parallel_coordinate
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study_ = optuna.create_study(direction='maximize', sampler=optuna.samplers.RandomSampler(seed=0))
     study_.optimize(lambda t: 90 + t.suggest_float('learning_rate', 0.02, 1, log=True)
@@ -634,7 +634,7 @@ def _tuner_with(tmp_path, metric, outcomes, confirm=None):
     import optuna
 
     from sweeping import plan as sweep_plan
-    from sweeping import tune as tuning
+    from sweeping.tuning import tuner as tuning
     spec = {'trials': len(outcomes) + (confirm['top'] * confirm['seeds'] if confirm else 0),
             'space': {'learning_rate': SPACE['learning_rate']}, 'val_split': 0.2, 'pruning': False, 'metric': metric,
             **({'confirm': confirm} if confirm else {})}
@@ -687,7 +687,7 @@ def test_a_trial_stage_that_finished_as_the_stop_came_stays_done(tmp_path):
     signal does stop is recorded with the reason given."""
     from sweeping import launch as sweep_run
     from sweeping import plan as sweep_plan
-    from sweeping.trials import LocalTrial
+    from sweeping.tuning.trials import LocalTrial
     path = write(tmp_path / 's.yaml', name='plain', base=TINY, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0])
     sweep_ = sweep_plan.read(str(path), str(tmp_path / 'save'))
     sweep_plan.prepare(sweep_, sweep_.cells)

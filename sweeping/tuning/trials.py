@@ -1,4 +1,4 @@
-"""The launchers of a tuning's trials (``sweeping/tune.py``): a trial's stages in order on this machine
+"""The launchers of a tuning's trials (``sweeping/tuning/tuner.py``): a trial's stages in order on this machine
 (:class:`LocalTrial`, one process at a time) or as one SLURM job (:class:`SlurmTrial`), each told to stop when the
 pruner or an interrupt says so; and a run's per-epoch values as its ``metrics.csv`` holds them, which the pruner
 reads."""

@@ -3,7 +3,7 @@ the commands of the trials and cells still to run, with a placeholder for each v
 import shlex
 import sys
 
-from sweeping.tune_spec import study_folder
+from sweeping.tuning.spec import study_folder
 
 
 def budget_words(spec):
@@ -15,7 +15,7 @@ def budget_words(spec):
 def tuning_status(sweep, cells):
     """One line per study of ``cells``: its trials by state and its best held-out value so far."""
     from runtime.run_folder import is_held
-    from sweeping.tune_status import progress_line, read_study
+    from sweeping.tuning.status import progress_line, read_study
     live = is_held(sweep.folder)            # the tuning process holds the sweep's folder while it drives trials
     lines, seen = [f'tuning: {budget_words(sweep.tune)} per study, {sweep.tune.metric} on a held-out '
                    f'{sweep.tune.val_split:g} of the training set'], set()
@@ -60,8 +60,8 @@ def dry_run_tuning(sweep, cells):
     """What ``--dry-run`` says of the tuning still to do: per study the trials left and the commands of its next
     trial, with a placeholder for each value the sampler chooses when the trial starts (the seeded cells' commands
     follow, with placeholders for the chosen values)."""
-    from sweeping import tune as tuning
-    from sweeping.tune_status import read_study
+    from sweeping.tuning import tuner as tuning
+    from sweeping.tuning.status import read_study
     wanted = {(c.method, tuple(c.axes.items())) for c in cells if c.waiting}
     studies = [s for s in tuning.studies_of(sweep) if (s.method, tuple(s.chosen.items())) in wanted]
     lines = [f'\nwould tune first: {len(studies)} studies x {budget_words(sweep.tune)} (the trials not run yet, then '

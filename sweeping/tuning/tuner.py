@@ -26,9 +26,9 @@ from sweeping import launch as sweep_run
 from sweeping.plan import STAGE1, Cell, build_stages
 from sweeping.tracking import add_flags as add_tracker_flags
 from sweeping.tracking import cell_tags, mark_trial, tracked
-from sweeping.trials import epoch_values
-from sweeping.tune_spec import BEST, study_folder, study_name
-from sweeping.tune_status import DIVERGED, STUDY, confirmation_state
+from sweeping.tuning.spec import BEST, study_folder, study_name
+from sweeping.tuning.status import DIVERGED, STUDY, confirmation_state
+from sweeping.tuning.trials import epoch_values
 
 JOURNAL = 'optuna.journal'
 PRUNE_ON = {'main_supcon.py': 'knn/val_acc', 'main_ce.py': 'val/acc'}       # the per-epoch held-out accuracy

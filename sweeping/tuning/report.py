@@ -7,8 +7,8 @@ import math
 import os
 
 from sweeping.launch import shown
-from sweeping.tune import studies_of
-from sweeping.tune_status import read_study
+from sweeping.tuning.status import read_study
+from sweeping.tuning.tuner import studies_of
 
 
 def expected_best(values, n, larger_is_better=True):
@@ -175,7 +175,7 @@ def optuna_plots(sweep, studies):
     import optuna
     from optuna.visualization import matplotlib as plots
 
-    from sweeping.tune import storage_of
+    from sweeping.tuning.tuner import storage_of
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage_of(sweep)
     skipped = {}

@@ -5,7 +5,7 @@ import os
 import re
 
 from sweeping import launch as sweep_run
-from sweeping.tune_spec import BEST
+from sweeping.tuning.spec import BEST
 
 STUDY = 'study.json'
 DIVERGED = re.compile(r'the loss became|steps in a row had non-finite')     # training/loop.py's two stop lines

@@ -3,7 +3,7 @@ per combination of the grid's values, the search space (flag -> range, log scale
 flags under its ``tune:`` key), the held-out split the trials select on, the objective and the pruning; and where each
 study keeps its chosen values (``best.json``), which the seeded cells then run with.
 
-Nothing here imports Optuna or runs anything; ``sweeping/tune.py`` runs the studies.
+Nothing here imports Optuna or runs anything; ``sweeping/tuning/tuner.py`` runs the studies.
 """
 import json
 import math
