@@ -1,4 +1,4 @@
-"""The end of a sweep (``sweep.py``): ``table.md`` (with ``tune:`` first the tuning's section, ``tune_report.py``; then
+"""The end of a sweep (``sweep.py``): ``table.md`` (with ``tune:`` first the tuning section, ``tuning/report.py``; then
 each ``compare:`` table through ``compare.table``: mean ± std over seeds, paired differences from the baseline),
 ``figure.png`` (one per further table) and ``sweep.json`` (every cell: its flags, state, folders, results; every
 trial), written from the cells' folders and records, never from memory."""
