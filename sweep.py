@@ -28,7 +28,7 @@ import core.requirements  # noqa: F401  (first: a Python without the requirement
 from config.cli import error_line
 from core.flags import Parser, UserError
 from runtime.run_folder import lock_folder
-from sweeping import launch as sweep_run
+from sweeping import launch
 from sweeping import plan as sweep_plan
 from sweeping.launch import shown
 from sweeping.plan import STAGE1
@@ -84,17 +84,17 @@ def parse_args(argv):
 
 # ---------------------------------------------------------------- states
 def states(sweep, cells):
-    """``{(cell name, stage name): state}`` now (sweep_run.state, and ``queued`` for a cell whose SLURM job is still
+    """``{(cell name, stage name): state}`` now (launch.state, and ``queued`` for a cell whose SLURM job is still
     in the queue)."""
-    records = {cell.name: sweep_run.read_record(cell.folder) for cell in cells}
+    records = {cell.name: launch.read_record(cell.folder) for cell in cells}
     jobs = {r['_slurm']['job'] for r in records.values() if '_slurm' in r}
-    held = sweep_run.queued(jobs) if jobs else set()
+    held = launch.queued(jobs) if jobs else set()
     out = {}
     for cell in cells:
         record = records[cell.name]
         in_flight = '_slurm' in record and record['_slurm']['job'] in held
         for stage in cell.stages:
-            now = 'tuning' if cell.waiting else sweep_run.state(stage, record)
+            now = 'tuning' if cell.waiting else launch.state(stage, record)
             out[(cell.name, stage.name)] = 'queued' if in_flight and now != 'done' else now
     return out
 
@@ -121,7 +121,7 @@ def status_table(sweep, cells, now):
     stages = [STAGE1, *sweep.evaluations]
     lines = ['| cell | ' + ' | '.join(stages) + ' | folder |', '| --- |' + ' --- |' * (len(stages) + 1)]
     for cell in cells:
-        record = sweep_run.read_record(cell.folder)
+        record = launch.read_record(cell.folder)
         row = []
         for name in stages:
             if cell.stage(name) is None:
@@ -247,9 +247,9 @@ def wait_slurm(cells, job_ids, progress, poll_s):
     seen = {}
     pending = {c.name: c for c in cells if c.name in job_ids}
     while pending:
-        held = sweep_run.queued(set(job_ids[name] for name in pending))
+        held = launch.queued(set(job_ids[name] for name in pending))
         for name, cell in list(pending.items()):
-            record = sweep_run.read_record(cell.folder)
+            record = launch.read_record(cell.folder)
             for stage in cell.stages:                       # what the job recorded since the last look
                 entry = record.get(stage.name, {})
                 now = (entry.get('state'), entry.get('attempts'))
@@ -262,13 +262,13 @@ def wait_slurm(cells, job_ids, progress, poll_s):
                     progress(now[0], cell, stage, seconds=entry.get('seconds'), line=entry.get('last_line', ''))
             if job_ids[name] in held:
                 continue
-            record = sweep_run.read_record(cell.folder)
+            record = launch.read_record(cell.folder)
             for stage in cell.stages:
-                if sweep_run.state(stage, record) not in ('done', 'failed'):
+                if launch.state(stage, record) not in ('done', 'failed'):
                     output = record.get('_slurm', {}).get('stdout', 'under the sweep folder, slurm/')
                     line = f'the SLURM job {job_ids[name]} ended before this stage was done (its output: {output})'
 
-                    sweep_run.write_record(cell.folder, stage.name, state='failed', last_line=line)
+                    launch.write_record(cell.folder, stage.name, state='failed', last_line=line)
                     progress('failed', cell, stage, line=line)
                     break
             del pending[name]
@@ -297,14 +297,14 @@ def tune(sweep, cells, args):
     tuner = tuning.Tuner(sweep, studies, say=lambda text: print(f'tune: {text}', flush=True))
     if args.launcher == 'local':
         jobs = local_jobs(args.jobs)
-        launch = trials.local_launch(jobs)
+        start_trial = trials.local_launch(jobs)
     else:
         settings = slurm_settings(sweep, args)
         jobs = args.jobs or int(settings.get('array_parallelism', 4))
-        launch = trials.slurm_launch(sweep, settings)
+        start_trial = trials.slurm_launch(sweep, settings)
     try:
-        unfinished = tuner.run(jobs, launch, poll_s=0.5 if args.launcher == 'local' else args.poll_s)
-    except sweep_run.Stop as e:
+        unfinished = tuner.run(jobs, start_trial, poll_s=0.5 if args.launcher == 'local' else args.poll_s)
+    except launch.Stop as e:
         print(f'sweep.py: interrupted while tuning; the running trials stopped with their last checkpoints intact: '
               f'python sweep.py {args.file} continues them', file=sys.stderr)
         return 143 if e.signum == 15 else 130
@@ -385,9 +385,9 @@ def main(argv=None):
     code = 0
     try:
         if args.launcher == 'local':
-            sweep_run.run_local(tasks, local_jobs(args.jobs), progress)
+            launch.run_local(tasks, local_jobs(args.jobs), progress)
         elif tasks:
-            job_ids = sweep_run.submit_slurm([c for c, _ in tasks], sweep.folder, slurm_settings(sweep, args))
+            job_ids = launch.submit_slurm([c for c, _ in tasks], sweep.folder, slurm_settings(sweep, args))
             progress.write(f'submitted {len(job_ids)} SLURM jobs ({", ".join(sorted(set(job_ids.values()))[:4])}'
                            f'{", ..." if len(job_ids) > 4 else ""}); their output: {sweep.folder}/slurm/')
             if args.no_wait:
@@ -395,7 +395,7 @@ def main(argv=None):
                 print(f'not waiting: python sweep.py {args.file} --status shows them; call again for the table')
                 return 0
             wait_slurm([c for c, _ in tasks], job_ids, progress, args.poll_s)
-    except sweep_run.Stop as e:
+    except launch.Stop as e:
         progress.close()
         print(f'sweep.py: interrupted; the running stages stopped with their last checkpoints intact: python sweep.py '
               f'{args.file} continues them', file=sys.stderr)
@@ -419,7 +419,7 @@ def main(argv=None):
     left = [k for k, s in now.items() if s not in ('done', 'failed')]
     for cell_name, stage_name in failed:
         cell = next(c for c in cells if c.name == cell_name)
-        line = sweep_run.read_record(cell.folder).get(stage_name, {}).get('last_line', '')
+        line = launch.read_record(cell.folder).get(stage_name, {}).get('last_line', '')
         print(f'failed: {cell_name}, {stage_name}: {line} (log: '
               f'{shown(os.path.join(cell.folder, stage_name + ".log"))})', file=sys.stderr)
     print(f'sweep {sweep.name}: {sum(1 for s in now.values() if s == "done")} of {len(now)} stages done'

@@ -8,7 +8,7 @@ import os
 import time
 
 import compare
-from sweeping import launch as sweep_run
+from sweeping import launch
 from sweeping import plan as sweep_plan
 from sweeping.launch import shown
 from sweeping.plan import STAGE1
@@ -139,7 +139,7 @@ def write_results(sweep, cells, now):
     if tuning is not None:
         record['tuning'] = tuning
     for cell in cells:
-        cell_record = sweep_run.read_record(cell.folder)
+        cell_record = launch.read_record(cell.folder)
         record['cells'].append({
             'name': cell.name, 'method': cell.method, 'axes': cell.axes, 'seed': cell.seed, 'folder': cell.folder,
             'stages': {s.name: {'state': now[(cell.name, s.name)], 'script': s.script, 'flags': s.argv,

@@ -4,7 +4,7 @@ import json
 import os
 import re
 
-from sweeping import launch as sweep_run
+from sweeping import launch
 from sweeping.tuning.spec import BEST
 
 STUDY = 'study.json'
@@ -23,9 +23,9 @@ def read_study(folder):
 def confirmation_state(cell):
     """A confirmation run's state from its files: ``complete``, ``diverged``, ``failed`` (it crashed: the next call
     continues it) or ``pending`` (not run, or not finished)."""
-    record = sweep_run.read_record(cell.folder)
+    record = launch.read_record(cell.folder)
     for stage in cell.stages:
-        state = sweep_run.state(stage, record)
+        state = launch.state(stage, record)
         if state == 'failed':
             line = record.get(stage.name, {}).get('last_line', '')
             return 'diverged' if DIVERGED.search(line) else 'failed'

@@ -10,27 +10,27 @@ import signal
 import subprocess
 import time
 
-from sweeping import launch as sweep_run
+from sweeping import launch
 
 
 class LocalTrial:
     """A trial's stages in order on this machine, one process at a time (``threads`` threads, ``gpu``)."""
 
     def __init__(self, cell, threads, gpu):
-        self.cell, self.env, self.index, self.proc = cell, sweep_run.stage_env(threads, gpu), 0, None
+        self.cell, self.env, self.index, self.proc = cell, launch.stage_env(threads, gpu), 0, None
         self.start_next()
 
     def start_next(self):
-        record = sweep_run.read_record(self.cell.folder)
+        record = launch.read_record(self.cell.folder)
         stages = self.cell.stages
-        while self.index < len(stages) and sweep_run.state(stages[self.index], record) == 'done':
+        while self.index < len(stages) and launch.state(stages[self.index], record) == 'done':
             self.index += 1
         self.proc = None
         if self.index < len(stages):
             stage = stages[self.index]
             if stage.reads is not None:
                 stage.stage1_run = self.cell.stage(stage.reads).run()
-            self.proc, self.log, self.started = sweep_run.start_stage(self.cell, stage, self.env)
+            self.proc, self.log, self.started = launch.start_stage(self.cell, stage, self.env)
 
     @property
     def stage(self):
@@ -43,7 +43,7 @@ class LocalTrial:
         code = self.proc.poll()
         if code is None:
             return None
-        outcome = sweep_run.finish_stage(self.cell, self.stage, code, self.log, self.started)
+        outcome = launch.finish_stage(self.cell, self.stage, code, self.log, self.started)
         if outcome != 'done':
             return outcome
         self.index += 1
@@ -60,10 +60,10 @@ class LocalTrial:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        outcome = sweep_run.finish_stage(self.cell, self.stage, self.proc.returncode, self.log, self.started,
+        outcome = launch.finish_stage(self.cell, self.stage, self.proc.returncode, self.log, self.started,
                                          interrupted=True)
         if outcome != 'done':        # a stage that finished as the signal came (exit 0, its results) stays done
-            sweep_run.write_record(self.cell.folder, self.stage.name, state=why)
+            launch.write_record(self.cell.folder, self.stage.name, state=why)
 
 
 class SlurmTrial:
@@ -71,19 +71,19 @@ class SlurmTrial:
 
     def __init__(self, cell, executor, threads):
         self.cell = cell
-        self.job = str(executor.submit(sweep_run.CellJob(cell, threads)).job_id)
-        sweep_run.write_record(cell.folder, '_slurm', job=self.job, submitted=time.time())
+        self.job = str(executor.submit(launch.CellJob(cell, threads)).job_id)
+        launch.write_record(cell.folder, '_slurm', job=self.job, submitted=time.time())
 
     @property
     def stage(self):
-        record = sweep_run.read_record(self.cell.folder)
-        return next((s for s in self.cell.stages if sweep_run.state(s, record) != 'done'), self.cell.stages[-1])
+        record = launch.read_record(self.cell.folder)
+        return next((s for s in self.cell.stages if launch.state(s, record) != 'done'), self.cell.stages[-1])
 
     def poll(self):
-        if sweep_run.queued({self.job}):
+        if launch.queued({self.job}):
             return None
-        record = sweep_run.read_record(self.cell.folder)
-        states = [sweep_run.state(s, record) for s in self.cell.stages]
+        record = launch.read_record(self.cell.folder)
+        states = [launch.state(s, record) for s in self.cell.stages]
         if all(s == 'done' for s in states):
             return 'done'
         return 'failed' if 'failed' in states else 'interrupted'
@@ -91,11 +91,11 @@ class SlurmTrial:
     def stop(self, why='interrupted'):
         subprocess.run(['scancel', self.job], capture_output=True, timeout=60)
         deadline = time.time() + 120
-        while sweep_run.queued({self.job}) and time.time() < deadline:
+        while launch.queued({self.job}) and time.time() < deadline:
             time.sleep(1)
         stage = self.stage
-        if stage.name in sweep_run.read_record(self.cell.folder):
-            sweep_run.write_record(self.cell.folder, stage.name, state=why)
+        if stage.name in launch.read_record(self.cell.folder):
+            launch.write_record(self.cell.folder, stage.name, state=why)
 
 
 def epoch_values(run_folder, key):
@@ -116,19 +116,19 @@ def epoch_values(run_folder, key):
 
 
 def local_launch(jobs):
-    """``launch(cell)`` of trials on this machine: ``cores / jobs`` threads each, one GPU each where there are
+    """``start_trial(cell)`` of trials on this machine: ``cores / jobs`` threads each, one GPU each where there are
     several."""
-    gpus = sweep_run.visible_gpus()
+    gpus = launch.visible_gpus()
     threads = max(1, (os.cpu_count() or 1) // jobs)
     counter = iter(range(10 ** 9))
 
-    def launch(cell):
+    def start_trial(cell):
         gpu = gpus[next(counter) % len(gpus)] if gpus else None
         return LocalTrial(cell, threads, gpu)
-    return launch
+    return start_trial
 
 
 def slurm_launch(sweep, settings):
-    ex = sweep_run.executor(os.path.join(sweep.folder, 'tune'), {**settings, 'job_name': f'tune_{sweep.name}'})
+    ex = launch.executor(os.path.join(sweep.folder, 'tune'), {**settings, 'job_name': f'tune_{sweep.name}'})
     threads = int(settings.get('cpus_per_task', 1))
     return lambda cell: SlurmTrial(cell, ex, threads)

@@ -22,7 +22,7 @@ import time
 from typing import NamedTuple
 
 from core.flags import UserError
-from sweeping import launch as sweep_run
+from sweeping import launch
 from sweeping.plan import STAGE1, Cell, build_stages
 from sweeping.tracking import add_flags as add_tracker_flags
 from sweeping.tracking import cell_tags, mark_trial, tracked
@@ -235,9 +235,9 @@ class Tuner:
                     return study, opt_study, number, seed, cell
         return None
 
-    def start_confirmation(self, study, opt_study, number, seed, cell, launch):
+    def start_confirmation(self, study, opt_study, number, seed, cell, start_trial):
         os.makedirs(cell.folder, exist_ok=True)
-        self.confirming[(study.name, number, seed)] = (study, opt_study, launch(cell), cell)
+        self.confirming[(study.name, number, seed)] = (study, opt_study, start_trial(cell), cell)
         self.say(f'confirming: trial {number} of {study.label} with seed {seed}')
 
     def watch_confirmation(self, key):
@@ -297,7 +297,7 @@ class Tuner:
         return runs, {'number': number, 'value': mean, 'params': params,
                       'confirmed': {'seeds': [self.spec.seed, *self.spec.confirm['seeds']], 'values': values}}
 
-    def start(self, study, opt_study, trial, launch):
+    def start(self, study, opt_study, trial, start_trial):
         cell = study.cell(trial.number, dict(trial.params))
         self.set_aside_other_values(cell.folder, trial)
         os.makedirs(cell.folder, exist_ok=True)
@@ -305,7 +305,7 @@ class Tuner:
             json.dump({'study': study.name, 'number': trial.number, 'params': dict(trial.params)}, f, indent=2)
         frozen = next(t for t in opt_study.get_trials(deepcopy=False) if t.number == trial.number)
         reported = set(frozen.intermediate_values)
-        self.running[(study.name, trial.number)] = Running(study, opt_study, trial, launch(cell), reported, cell)
+        self.running[(study.name, trial.number)] = Running(study, opt_study, trial, start_trial(cell), reported, cell)
         self.record(study, opt_study)          # the running trial in study.json (--status)
         self.say(f'trial {trial.number} of {study.label}: '
                  + ', '.join(f'{k} {v:.4g}' if isinstance(v, float) else f'{k} {v}' for k, v in trial.params.items()))
@@ -360,7 +360,7 @@ class Tuner:
                 opt_study.tell(trial, value)
                 self.say(f'complete: trial {trial.number} of {study.label}: {self.spec.metric} {value:.4g}')
         if outcome != 'done':
-            line = sweep_run.read_record(cell.folder).get(launcher.stage.name, {}).get('last_line', '')
+            line = launch.read_record(cell.folder).get(launcher.stage.name, {}).get('last_line', '')
             if outcome == 'failed' and DIVERGED.search(line):
                 trial.set_user_attr('diverged', line)
                 if self.spec.direction == 'maximize':
@@ -446,12 +446,12 @@ class Tuner:
                 runs = [stage.run() for stage in cell.stages]
                 mark_trial([r for r in runs if isinstance(r, str)], t['state'], t['value'])
 
-    def run(self, jobs, launch, poll_s=0.5):
-        """Run trials ``jobs`` at a time until every study has spent its budget (``launch(cell)``: a
+    def run(self, jobs, start_trial, poll_s=0.5):
+        """Run trials ``jobs`` at a time until every study has spent its budget (``start_trial(cell)``: a
         :class:`LocalTrial` or :class:`SlurmTrial`); a signal stops the running ones (checkpoints intact), which the
         next call continues. Returns the studies still unfinished (a trial crashed: the next call retries it)."""
         def stop(signum, frame):
-            raise sweep_run.Stop(signum)
+            raise launch.Stop(signum)
         previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             for study, opt_study in self.studies:
@@ -460,12 +460,12 @@ class Tuner:
                 while len(self.running) + len(self.confirming) < jobs:
                     nxt = self.to_start()
                     if nxt is not None:
-                        self.start(*nxt, launch)
+                        self.start(*nxt, start_trial)
                         continue
                     nxt = self.next_confirmation()
                     if nxt is None:
                         break
-                    self.start_confirmation(*nxt, launch)
+                    self.start_confirmation(*nxt, start_trial)
                 if not self.running and not self.confirming:
                     break
                 time.sleep(poll_s)
@@ -474,14 +474,14 @@ class Tuner:
                         del self.running[key]
                 for key in list(self.confirming):
                     self.watch_confirmation(key)          # an ended run leaves self.confirming
-        except sweep_run.Stop as e:
+        except launch.Stop as e:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for entry in self.running.values():
                 entry.launcher.stop()
             for _, _, launcher, _ in self.confirming.values():
                 launcher.stop()
-            raise sweep_run.Stop(e.signum) from None
+            raise launch.Stop(e.signum) from None
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)

@@ -272,14 +272,14 @@ def test_a_metric_no_result_holds_is_one_line_and_the_outputs_are_written(tmp_pa
 def test_the_table_says_why_an_entry_is_left_out(tmp_path):
     """A results.json cut short is left out with its reason (no traceback, every output written); a failed stage is
     listed as failed; a grid of pre-training alone calls its finished cells done, without a result of their own."""
-    from sweeping import launch as sweep_run
+    from sweeping import launch
     path = mini(tmp_path / 's.yaml', seeds=[0, 1, 2])
     s = read_sweep(path, tmp_path / 'save')
     fake_results(s)
     cut = pathlib.Path(s.cells[1].stages[1].result())
     cut.write_text(cut.read_text()[:20])
     shutil.rmtree(s.cells[2].stages[1].run())
-    sweep_run.write_record(s.cells[2].folder, 'linear', state='failed', exit=1)
+    launch.write_record(s.cells[2].folder, 'linear', state='failed', exit=1)
     out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save')
     assert "Traceback" not in out.stderr, out.stderr
     table = (pathlib.Path(s.folder) / 'table.md').read_text()
@@ -291,7 +291,7 @@ def test_the_table_says_why_an_entry_is_left_out(tmp_path):
     s = read_sweep(alone, tmp_path / 'save')
     stage = s.cells[0].stages[0]
     torch.save({}, os.path.join(fake_run(stage), 'last.pth'))
-    sweep_run.write_record(s.cells[0].folder, 'pretrain', state='done', exit=0)
+    launch.write_record(s.cells[0].folder, 'pretrain', state='done', exit=0)
     run_in_process('sweep.py', alone, '--save_folder', tmp_path / 'save')
     table = (pathlib.Path(s.folder) / 'table.md').read_text()
     assert 'Done without a result of their own' in table and 'Not done yet' not in table, table
@@ -330,7 +330,7 @@ def test_where_a_sweep_cannot_start_is_one_line(tmp_path):
 def test_the_plan_prints_commands_that_paste_and_the_record_sums_attempts(tmp_path):
     """--dry-run's commands are shell-quoted with the interpreter that runs the sweep (a folder with a space pastes);
     a stage's seconds in cell.json add up its attempts, and its log's last line is kept when it is done."""
-    from sweeping import launch as sweep_run
+    from sweeping import launch
     path = mini(tmp_path / 's.yaml', seeds=[0])
     out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'with space', '--dry-run')
     line = next(x for x in out.stdout.splitlines() if x.startswith('  SupCon seed 0, pretrain: '))
@@ -341,12 +341,12 @@ def test_the_plan_prints_commands_that_paste_and_the_record_sums_attempts(tmp_pa
     cell, stage = s.cells[0], s.cells[0].stages[0]
     log = tmp_path / 'stage.log'
     log.write_text('epoch 1/2\nmain_supcon.py: interrupted\n')
-    sweep_run.finish_stage(cell, stage, 143, str(log), time.time() - 128)
+    launch.finish_stage(cell, stage, 143, str(log), time.time() - 128)
     folder = fake_run(stage)
     (pathlib.Path(folder) / 'last.pth').write_text('')
     log.write_text('epoch 2/2\ncheckpoint: last.pth\n')
-    sweep_run.finish_stage(cell, stage, 0, str(log), time.time() - 73)
-    entry = sweep_run.read_record(cell.folder)['pretrain']
+    launch.finish_stage(cell, stage, 0, str(log), time.time() - 73)
+    entry = launch.read_record(cell.folder)['pretrain']
     assert entry['state'] == 'done' and 200 <= entry['seconds'] < 203
     assert entry['last_line'] == 'checkpoint: last.pth'
 
@@ -354,14 +354,14 @@ def test_the_plan_prints_commands_that_paste_and_the_record_sums_attempts(tmp_pa
 def test_the_plan_and_the_status_say_what_is_done_and_what_will_run(tmp_path):
     """--dry-run and --status run nothing; a stage with its result is done, one with a checkpoint is continued with
     --resume, a failed one waits for --retry-failed."""
-    from sweeping import launch as sweep_run
+    from sweeping import launch
     path = mini(tmp_path / 's.yaml')
     s = read_sweep(path, tmp_path / 'save')
     done, stopped, failed = s.cells[0], s.cells[1], s.cells[2]          # SupCon 0, SupCon 1, CE 0
     for stage in done.stages:
         (pathlib.Path(fake_run(stage)) / 'results.json').write_text('{"final_test_acc": 50.0}')
     (pathlib.Path(fake_run(stopped.stages[0])) / 'last.pth').write_text('')
-    sweep_run.write_record(failed.folder, 'pretrain', state='failed', last_line='main_ce.py: error: boom')
+    launch.write_record(failed.folder, 'pretrain', state='failed', last_line='main_ce.py: error: boom')
     out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'save', '--dry-run')
     assert out.returncode == 0, out.stderr
     assert '| SupCon seed 0 | done | done |' in out.stdout and '| SupCon seed 1 | interrupted | pending |' in out.stdout

@@ -469,13 +469,13 @@ def test_a_trial_never_runs_in_a_folder_of_other_values(tmp_path):
     folder.mkdir(parents=True)
     (folder / 'trial.json').write_text(json.dumps({'number': 0, 'params': {'learning_rate': 0.086}}))
     (folder / 'last.pth').write_text('the old run')
-    tuner.start(study, opt_study, trial, launch=lambda cell: None)
+    tuner.start(study, opt_study, trial, start_trial=lambda cell: None)
     aside = folder.parent / f'{folder.name}.other_values_1'
     assert (aside / 'last.pth').read_text() == 'the old run' and not (folder / 'last.pth').exists()
     assert json.loads((folder / 'trial.json').read_text())['params'] == dict(trial.params)
     assert any('other values' in n for n in notes)
     tuner.running.clear()
-    tuner.start(study, opt_study, trial, launch=lambda cell: None)          # its own values: nothing moves
+    tuner.start(study, opt_study, trial, start_trial=lambda cell: None)          # its own values: nothing moves
     assert not (folder.parent / f'{folder.name}.other_values_2').exists()
 
 
@@ -685,7 +685,7 @@ def test_a_trial_stage_that_finished_as_the_stop_came_stays_done(tmp_path):
     """A trial told to stop whose stage exits 0 with its results as the signal lands (it had finished) is recorded
     done, not interrupted with exit 0 (which --status and sweep.json then contradicted). Power: a stage that the
     signal does stop is recorded with the reason given."""
-    from sweeping import launch as sweep_run
+    from sweeping import launch
     from sweeping import plan as sweep_plan
     from sweeping.tuning.trials import LocalTrial
     path = write(tmp_path / 's.yaml', name='plain', base=TINY, methods={'CE': {'script': 'main_ce.py'}}, seeds=[0])
@@ -708,5 +708,5 @@ def test_a_trial_stage_that_finished_as_the_stop_came_stays_done(tmp_path):
                                       stdout=subprocess.PIPE)
         trial.proc.stdout.readline()            # the handler is in place
         trial.stop('pruned')
-        assert sweep_run.read_record(cell.folder)[stage.name]['state'] == want
+        assert launch.read_record(cell.folder)[stage.name]['state'] == want
         shutil.rmtree(cell.folder)
