@@ -367,7 +367,7 @@ class TSCLoss(KCLLoss):
         self.centroids.copy_(torch.where(present[:, None], moved, self.centroids))
         self.seen |= present
         chosen = assign_targets(self.centroids, self.seen, self.targets)
-        if self.assignment.is_cuda:      # from pinned memory without waiting (a pageable host copy waits, 2026-11-27)
+        if self.assignment.is_cuda:      # from pinned memory without waiting (a pageable host copy waits)
             chosen = chosen.pin_memory()
         self.assignment.copy_(chosen, non_blocking=True)
 

@@ -166,9 +166,9 @@ def compile_modules(enabled, *modules, backend='inductor'):
 def keep_compiled_shapes():
     """After the first training step of a compiled run: a call the compiled graphs do not fit (an epoch's last,
     smaller batch; an evaluation in eval mode or with another batch size) runs eagerly instead of compiling again
-    (``torch.compiler.set_stance('eager_on_recompile')``). Each recompile of a ResNet-50 costs a minute or more on a
-    GPU (an H100 spent over 80 s on the last batch of a CIFAR-10 epoch, 2026-11-27) to speed up one step in an
-    epoch's 49; the first step's graphs, which every full batch uses, stay compiled. Nothing without ``--compile``."""
+    (``torch.compiler.set_stance('eager_on_recompile')``). A recompile of a ResNet-50 costs a minute or more on a
+    GPU (docs/results.md, "The second GPU check") to speed up one step in an epoch's 49; the first step's graphs,
+    which every full batch uses, stay compiled. Nothing without ``--compile``."""
     if _compiled:
         torch.compiler.set_stance('eager_on_recompile')
 
