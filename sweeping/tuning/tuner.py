@@ -26,8 +26,9 @@ from sweeping import launch
 from sweeping.plan import STAGE1, Cell, build_stages
 from sweeping.tracking import add_flags as add_tracker_flags
 from sweeping.tracking import cell_tags, mark_trial, tracked
+from sweeping.tuning.confirm import Confirmations
 from sweeping.tuning.spec import BEST, study_folder, study_name
-from sweeping.tuning.status import DIVERGED, STUDY, confirmation_state
+from sweeping.tuning.status import DIVERGED, STUDY
 from sweeping.tuning.trials import epoch_values
 
 JOURNAL = 'optuna.journal'
@@ -181,7 +182,7 @@ class Tuner:
         self.running = {}           # (study name, trial number) -> Running
         self.crashed = set()
         self.without_choice = set()     # studies whose every trial diverged with no value (a minimized objective)
-        self.confirming = {}        # (study name, trial number, seed) -> (study, optuna study, launcher, cell)
+        self.confirm = Confirmations(spec, optuna, self.crashed, say)       # confirm:'s runs and choice
 
     def ask(self, study, opt_study):
         """A new trial of ``opt_study``: TPE seeded by the file's seed and the trial's number."""
@@ -204,98 +205,6 @@ class Tuner:
             return None
         study, opt_study = self.studies[min(open_)[1]]
         return study, opt_study, self.ask(study, opt_study)
-
-    def candidates(self, study, opt_study):
-        """``[(trial number, params, value)]``: the ``confirm.top`` best complete trials of a study whose search has
-        finished (ties: the earlier), which its confirmation runs re-run; ``[]`` before, or without ``confirm:``."""
-        spec, state = self.spec, self.optuna.trial.TrialState
-        trials = opt_study.get_trials(deepcopy=False)
-        if not spec.confirm or len(trials) < spec.search_trials or any(
-                t.state == state.RUNNING or (study.name, t.number) in self.crashed for t in trials):
-            return []
-        complete = [t for t in trials if t.state == state.COMPLETE and 'diverged' not in t.user_attrs]
-        sign = -1 if spec.direction == 'maximize' else 1
-        ranked = sorted(complete, key=lambda t: (sign * t.value, t.number))[:spec.confirm['top']]
-        return [(t.number, dict(t.params), t.value) for t in ranked]
-
-    def confirmations(self, study, opt_study):
-        """``[(trial number, seed, cell)]``: the study's confirmation runs (each candidate on each seed)."""
-        return [(number, seed, study.cell(number, params, seed))
-                for number, params, _ in self.candidates(study, opt_study) for seed in self.spec.confirm['seeds']]
-
-    def next_confirmation(self):
-        """``(study, optuna study, number, seed, cell)`` of a confirmation run to start (not finished, not running,
-        not crashed in this call), or ``None``."""
-        for study, opt_study in self.studies:
-            for number, seed, cell in self.confirmations(study, opt_study):
-                key = (study.name, number, seed)
-                if key in self.confirming or key in self.crashed:
-                    continue
-                if confirmation_state(cell) in ('pending', 'failed'):
-                    return study, opt_study, number, seed, cell
-        return None
-
-    def start_confirmation(self, study, opt_study, number, seed, cell, start_trial):
-        os.makedirs(cell.folder, exist_ok=True)
-        self.confirming[(study.name, number, seed)] = (study, opt_study, start_trial(cell), cell)
-        self.say(f'confirming: trial {number} of {study.label} with seed {seed}')
-
-    def watch_confirmation(self, key):
-        """Whether a confirmation run is still running; its end is said and recorded."""
-        study, opt_study, launcher, cell = self.confirming[key]
-        outcome = launcher.poll()
-        if outcome is None:
-            return True
-        state = confirmation_state(cell)
-        if state == 'complete':
-            value = study.result(cell)
-            self.say(f'confirmed: trial {key[1]} of {study.label} with seed {key[2]}: {self.spec.metric} '
-                     + (f'{value:.4g}' if value is not None else 'not written'))
-        elif state == 'diverged':
-            self.say(f'diverged: the confirmation of trial {key[1]} of {study.label} with seed {key[2]} (counted '
-                     'with the lowest score)')
-        else:
-            self.crashed.add(key)
-            self.say(f'{outcome}: the confirmation of trial {key[1]} of {study.label} with seed {key[2]}; the next '
-                     'call continues it')
-        del self.confirming[key]
-        self.record(study, opt_study)
-        return False
-
-    def confirmed_best(self, study, opt_study):
-        """``(confirmation records, the chosen candidate or None)``: each confirmation run's state and value, and
-        once every one has ended the candidate with the best mean over its seeds (the trial's own and the
-        confirmation's; a diverged run counts with the lowest score) as ``best`` record fields."""
-        runs, means = [], []
-        larger = self.spec.direction == 'maximize'
-        for number, params, value in self.candidates(study, opt_study):
-            values = [value]
-            for seed in self.spec.confirm['seeds']:
-                cell = study.cell(number, params, seed)
-                state = confirmation_state(cell)
-                if (study.name, number, seed) in self.confirming:
-                    state = 'running'
-                got = study.result(cell) if state == 'complete' else None
-                if state == 'complete' and got is None:
-                    state = 'failed'
-                if state == 'diverged':
-                    got = 0.0 if larger else None
-                runs.append({'trial': number, 'seed': seed, 'state': state, 'value': got, 'folder': cell.folder})
-                values.append(got)
-            means.append((number, params, values))
-        if not runs or any(r['state'] not in ('complete', 'diverged') for r in runs):
-            return runs, None
-
-        def score(entry):
-            values = entry[2]
-            if any(v is None for v in values):             # a diverged run of a minimized objective: the worst
-                return (1, 0.0, entry[0])
-            mean = sum(values) / len(values)
-            return (0, -mean if larger else mean, entry[0])
-        number, params, values = min(means, key=score)
-        mean = None if any(v is None for v in values) else sum(values) / len(values)
-        return runs, {'number': number, 'value': mean, 'params': params,
-                      'confirmed': {'seeds': [self.spec.seed, *self.spec.confirm['seeds']], 'values': values}}
 
     def start(self, study, opt_study, trial, start_trial):
         cell = study.cell(trial.number, dict(trial.params))
@@ -403,7 +312,7 @@ class Tuner:
             else:
                 best = min(complete, key=lambda t: (t['value'], t['number']))
             best = {'number': best['number'], 'value': best['value'], 'params': best['params']}
-        runs, confirmed = self.confirmed_best(study, opt_study) if self.spec.confirm else ([], None)
+        runs, confirmed = self.confirm.best(study, opt_study) if self.spec.confirm else ([], None)
         record = {'study': study.name, 'method': study.method, 'axes': study.chosen, 'budget': self.spec.trials,
                   'searched': self.spec.search_trials, 'confirm': self.spec.confirm,
                   'metric': self.spec.metric, 'direction': self.spec.direction, 'folder': study.folder,
@@ -457,29 +366,29 @@ class Tuner:
             for study, opt_study in self.studies:
                 self.record(study, opt_study)
             while True:
-                while len(self.running) + len(self.confirming) < jobs:
+                while len(self.running) + len(self.confirm.running) < jobs:
                     nxt = self.to_start()
                     if nxt is not None:
                         self.start(*nxt, start_trial)
                         continue
-                    nxt = self.next_confirmation()
+                    nxt = self.confirm.next(self.studies)
                     if nxt is None:
                         break
-                    self.start_confirmation(*nxt, start_trial)
-                if not self.running and not self.confirming:
+                    self.confirm.start(*nxt, start_trial)
+                if not self.running and not self.confirm.running:
                     break
                 time.sleep(poll_s)
                 for key in list(self.running):
                     if not self.watch(key):
                         del self.running[key]
-                for key in list(self.confirming):
-                    self.watch_confirmation(key)          # an ended run leaves self.confirming
+                for key in list(self.confirm.running):
+                    self.confirm.watch(key, self.record)     # an ended run leaves confirm.running
         except launch.Stop as e:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for entry in self.running.values():
                 entry.launcher.stop()
-            for _, _, launcher, _ in self.confirming.values():
+            for _, _, launcher, _ in self.confirm.running.values():
                 launcher.stop()
             raise launch.Stop(e.signum) from None
         finally:

@@ -672,7 +672,7 @@ def test_confirm_when_every_trial_diverged_chooses_or_says_why_not(tmp_path):
     value to choose from and says so in one line, not 'a trial crashed'."""
     tuner, study_, best = _tuner_with(tmp_path / 'acc', 'final_val_acc', ['diverged'] * 3,
                                       confirm={'top': 1, 'seeds': 1})
-    assert best is not None and best['trial'] == 0 and not tuner.confirmations(*tuner.studies[0])
+    assert best is not None and best['trial'] == 0 and not tuner.confirm.of(*tuner.studies[0])
     tuner, study_, best = _tuner_with(tmp_path / 'nll', 'final_val_nll', ['diverged'] * 3,
                                       confirm={'top': 1, 'seeds': 1})
     assert best is None and tuner.without_choice == {study_.name}
