@@ -19,7 +19,7 @@ from losses import cross_entropy
 from networks import EncoderClassifier, LinearClassifier
 from runtime.device import Runtime
 from runtime.distributed import wrap_model
-from training.loop import Optimization, evaluate, parts_after, train_loop
+from training.loop import Optimization, evaluate_parts, parts_after, train_loop
 from util import accuracy
 
 
@@ -159,11 +159,9 @@ class LinearProbe:
         """Loss, top-1, ECE, per-class and shot-group accuracy of every split of ``eval_loaders`` measured after
         ``epoch`` (``--test_every end``: the test split after the last epoch only)."""
         self.model.eval()
-        out = {}
-        for split in parts_after(self.eval_loaders, self.test_every, epoch, self.epochs):
-            out.update(evaluate(self.runtime, self.eval_loaders[split], self.predict, split, self.num_classes,
-                                self.class_counts))
-        return out
+        return evaluate_parts(self.runtime, self.eval_loaders, self.predict,
+                              parts_after(self.eval_loaders, self.test_every, epoch, self.epochs), self.num_classes,
+                              self.class_counts)
 
 
 # ---------------------------------------------------------------- the linear probe's form (main_linear.py)

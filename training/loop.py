@@ -161,6 +161,15 @@ def parts_after(parts, test_every, epoch, epochs):
     return [p for p in parts if p != 'test' or test_every == 'epoch' or epoch >= epochs]
 
 
+def evaluate_parts(runtime: Runtime, loaders, predict, parts, num_classes, class_counts=None):
+    """:func:`evaluate` on each of ``parts`` (names of ``loaders``: :func:`parts_after`'s), its metrics under the
+    part's name: what a classifier's trainer measures after an epoch (main_ce.py's, main_linear.py's)."""
+    out = {}
+    for part in parts:
+        out.update(evaluate(runtime, loaders[part], predict, part, num_classes, class_counts))
+    return out
+
+
 @torch.no_grad()
 def evaluate(runtime: Runtime, loader, predict, prefix, num_classes, class_counts=None):
     """Over ``loader``: the cross-entropy loss (``<prefix>/nll``), top-1 accuracy, the expected calibration error

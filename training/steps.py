@@ -33,7 +33,7 @@ from runtime.distributed import (
     wrap_model,
 )
 from training.chunks import cached_step
-from training.loop import Optimization, evaluate, parts_after, train_loop
+from training.loop import Optimization, evaluate_parts, parts_after, train_loop
 from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from training.monitors import collapse_statistics
 from util import accuracy
@@ -293,11 +293,9 @@ class CETraining:
         if not self.eval_loaders:
             return {}
         self.model.eval()
-        out = {}
-        for part in parts_after(self.eval_loaders, self.test_every, epoch, self.epochs):
-            out.update(evaluate(self.runtime, self.eval_loaders[part], self.model, part, self.num_classes,
-                                self.eval_counts))
-        return out
+        return evaluate_parts(self.runtime, self.eval_loaders, self.model,
+                              parts_after(self.eval_loaders, self.test_every, epoch, self.epochs), self.num_classes,
+                              self.eval_counts)
 
     def step(self, images, labels: torch.Tensor,
              backward=torch.Tensor.backward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
