@@ -110,3 +110,21 @@ def test_the_first_line_names_the_path():
     line = describe_path(torch.device('cuda'), 'device', 'bf16', True, compile=True)
     assert line.startswith('path: cuda, --augment device, --amp bf16, --channels_last on, --compile')
     assert "SupContrast's path: --augment cpu --amp none --channels_last off" in line
+
+
+@pytest.mark.parametrize('name', ['resnet_nano', 'resnet_tiny'])
+def test_the_compiled_modules_are_one_graph_each(name):
+    """``--compile`` compiles the encoder and the projection head (``compile_modules``): each traces to one graph
+    with no graph break (``torch._dynamo.explain``, on the CPU), so a change that adds a break fails here. Power
+    check: a forward that reads a value on the host to branch breaks the graph."""
+    from networks import SupConResNet
+    model = SupConResNet(name)
+    inputs = ((model.encoder, torch.randn(4, 3, 8, 8)), (model.head, torch.randn(4, model.encoder.feature_dim)))
+    for module, x in inputs:
+        explained = torch._dynamo.explain(module)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+    class ReadsTheHost(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum().item() > 0 else x
+    assert torch._dynamo.explain(ReadsTheHost())(torch.ones(3)).graph_break_count >= 1
