@@ -76,11 +76,6 @@ class Feature:
         """``{dest: value}`` of the flags whose ``absent`` value differs from their default."""
         return {dest(flag): kw['absent'] for flag, kw in self.flags.items() if 'absent' in kw}
 
-    def defaults(self) -> dict[str, Any]:
-        """``{dest: default}`` of every flag (what a script without the flag reads)."""
-        return {dest(flag): kw.get('absent', kw.get('default', False if kw.get('action') == 'store_true' else None))
-                for flag, kw in self.flags.items()}
-
 
 def dest(flag: str) -> str:
     return flag.lstrip('-').replace('-', '_')

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 
+from runtime import processes
 from runtime.run_folder import is_held
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # the repository
@@ -129,8 +130,8 @@ def start_stage(cell, stage, env, rank=0):
         started = time.strftime('%Y-%m-%d %H:%M:%S')
         f.write(f'\n{ATTEMPT} {attempts}, {started}: {shlex.join([sys.executable, *command])}\n')
         f.flush()
-        proc = subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                preexec_fn=_die_with_parent)
+        proc = processes.start([sys.executable, *command], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                               preexec_fn=_die_with_parent)
     if rank == 0:
         write_record(cell.folder, stage.name, state='running', attempts=attempts, command=[sys.executable, *command],
                      log=log, started=time.time(), **({'slurm_job': os.environ['SLURM_JOB_ID']}

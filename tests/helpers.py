@@ -32,30 +32,22 @@ def script_env(**extra):
     count may round a convolution differently (the resume tests compare runs bit for bit)."""
     threads = '1' if 'PYTEST_XDIST_WORKER' in os.environ else '2'
     return {**os.environ, 'PYTHONUNBUFFERED': '1', 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', threads),
-            'SCRIPT_SERVER_SOCKET': SERVER_SOCKET, 'SCRIPT_SERVER_PYTHON': sys.executable, **extra}
+            **extra}
 
 
-# The interpreter for a script run in a subprocess of a test (``[script_python(), 'sweep.py', ...]``): the script is
-# forked from this worker's script server, and so is every script it starts in turn (tests/script_server.py, "The
-# scripts' own children"); ``-m`` and other arguments run the real interpreter.
-SERVER_SOCKET = os.path.join(tempfile.gettempdir(), f'suite_scripts_{os.getpid()}.sock')
-SHIM = os.path.join(ROOT, 'tests', 'python_shim')
-
-
-def script_python():
-    """:data:`SHIM`, with this worker's script server started (``SUITE_SUBPROCESS=1``: the real interpreter)."""
+def own_process(*target):
+    """``[python, ..., target]`` for a script (``'sweep.py'``) or a module (``'-m', 'benchmarks.gpu_check'``) that
+    a test starts and signals itself (SIGKILL included): a real interpreter that has imported torch and whose own
+    Python children are forked (``tests/script_server.py --run``); with ``SUITE_SUBPROCESS=1`` the plain one."""
     if os.environ.get('SUITE_SUBPROCESS') == '1':
-        return sys.executable
-    ForkedScript.start_server(script_env())
-    return SHIM
+        return [sys.executable, *target]
+    return [sys.executable, os.path.join(ROOT, 'tests', 'script_server.py'), '--run', *target]
 
 
-def own_process(script):
-    """``[python, ..., script]`` for a script that a test signals itself (SIGKILL included): a real interpreter
-    whose own children are forked (tests/with_shim.py); with ``SUITE_SUBPROCESS=1`` just the real interpreter."""
-    if script_python() == sys.executable:
-        return [sys.executable, script]
-    return [sys.executable, os.path.join(ROOT, 'tests', 'with_shim.py'), script]
+def own_python():
+    """:func:`own_process` as one command line, for a sweep file's ``slurm: python:`` (a SLURM job's Python)."""
+    import shlex
+    return shlex.join(own_process())
 
 
 def machine_slack():
@@ -75,10 +67,11 @@ def scaled(seconds):
     return seconds * machine_slack()
 
 
-def run_script(script, *args, check=True, timeout=600):
+def run_script(script, *args, check=True, timeout=600, env=None):
     """Run ``python <script> args`` in the repo root; returns a ``CompletedProcess`` (``returncode``, ``stdout``,
-    ``stderr``). The script runs in a process of its own (:func:`start_script`)."""
-    proc = start_script(script, args)
+    ``stderr``). The script runs in a process of its own (:func:`start_script`), its environment
+    :func:`script_env` and ``env``."""
+    proc = start_script(script, args, env=env)
     try:
         out, err = proc.communicate(timeout=scaled(timeout))
     except subprocess.TimeoutExpired:
@@ -90,7 +83,7 @@ def run_script(script, *args, check=True, timeout=600):
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def start_script(script, args, sigint=False):
+def start_script(script, args, sigint=False, env=None):
     """Start ``python <script> args`` in the repo root (environment :func:`script_env`); returns a handle with
     ``Popen``'s ``args``, ``pid``, ``poll``, ``send_signal``, ``communicate`` and ``returncode``. ``sigint``: the
     script gets the default SIGINT handling back, as a terminal's foreground job has it (a shell's background
@@ -103,9 +96,9 @@ def start_script(script, args, sigint=False):
     argv = [os.path.join(ROOT, script), *map(str, args)]
     if os.environ.get('SUITE_SUBPROCESS') == '1':
         return subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=script_env(),
+                                text=True, env=script_env(**(env or {})),
                                 preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint else None)
-    return ForkedScript(argv, script_env(), sigint)
+    return ForkedScript(argv, script_env(**(env or {})), sigint)
 
 
 class ForkedScript:
@@ -132,16 +125,10 @@ class ForkedScript:
         """Start this worker's script server unless it runs; whether it was started now."""
         if ForkedScript.server is not None and ForkedScript.server.poll() is None:
             return False
-        if os.path.exists(env['SCRIPT_SERVER_SOCKET']):     # a dead server's: the wait below is for the new one's
-            os.unlink(env['SCRIPT_SERVER_SOCKET'])
         ForkedScript.server = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tests', 'script_server.py')],
                                                cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                                                env=env)
         ForkedScript.running = None
-        deadline = time.time() + 120
-        while not os.path.exists(env['SCRIPT_SERVER_SOCKET']) and ForkedScript.server.poll() is None \
-                and time.time() < deadline:         # listening before the first script may ask
-            time.sleep(0.02)
         return True
 
     def _line(self):

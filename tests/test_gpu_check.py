@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from benchmarks import gpu_check
-from helpers import ROOT, script_env, script_python
+from helpers import ROOT, own_process, script_env
 
 
 def dry_run(tmp_path, *args, env=None):
-    proc = subprocess.run(['bash', 'scripts/gpu_check.sh', '--dry-run', '--out', str(tmp_path), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900,
-                          env={**script_env(), 'PY': script_python(), **(env or {})})    # one thread per process
+    """``python -m benchmarks.gpu_check --dry-run``, as scripts/gpu_check.sh runs it (its sections and their runs
+    forked, one thread each)."""
+    proc = subprocess.run([*own_process('-m', 'benchmarks.gpu_check'), '--dry-run', '--out', str(tmp_path), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900, env={**script_env(), **(env or {})})
     with open(tmp_path / 'gpu_report.json') as f:
         report = json.load(f)
     return proc, {s['key']: s for s in report['sections']}, (tmp_path / 'gpu_report.md').read_text()

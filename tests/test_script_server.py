@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from helpers import run_script, script_env, start_script
+from helpers import ROOT, run_script, script_env, start_script
 
 pytestmark = pytest.mark.slow      # starts the worker's script server if no test has yet
 
@@ -66,58 +66,66 @@ def test_time_limits_grow_with_the_machine_s_load(monkeypatch):
 
 
 def test_a_script_s_own_children_are_forked_and_behave_as_real_processes(tmp_path):
-    """A script started with ``sys.executable`` from a forked script goes through the shim and the stage server: its
-    argv, working folder, environment, stdin/stdout/stderr and exit status are its own; a signal sent to the client
-    reaches the script (and its death by that signal comes back); a client killed outright takes its script with it;
-    ``-m`` runs the module in the real interpreter (``-u -m`` too: a SLURM job's submitit), with the shim as its
-    ``sys.executable``, so that a script it starts is forked in turn. The power check: the child is not a fresh
-    interpreter (torch is already imported when it starts)."""
+    """What a forked script starts through ``runtime.processes.start`` (as a sweep its stages) with this Python is
+    forked from it: its argv, working folder, environment, stdin/stdout/stderr, exit status and death by a signal are
+    its own; the parent's signal handlers, exit handlers and pipes are not; the repo's modules are imported afresh;
+    ``-m`` runs a module, and a module's own children are forked in turn. Anything else starts for real. The power
+    check: the child did not start an interpreter (torch is imported when it starts)."""
     child = write(tmp_path, 'child.py', '''
-        import os, sys, signal, time
-        print('child', sys.argv[1:], os.getcwd(), os.environ.get('PROBE'), 'torch' in sys.modules, flush=True)
+        import atexit, os, sys, signal, time
+        sys.path.insert(0, os.getcwd() if os.path.exists('sweep.py') else os.environ['REPO'])
+        from config import cli
+        atexit.register(lambda: print('its exit handler', flush=True))
+        print('child', sys.argv[1:], os.getcwd(), os.environ.get('PROBE'), 'torch' in sys.modules,
+              signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, cli._MAIN_PID == os.getpid(), flush=True)
         print('line', sys.stdin.readline().strip(), file=sys.stderr, flush=True)
         if sys.argv[1] == 'wait':
-            signal.signal(signal.SIGTERM, lambda *a: (print('got TERM', flush=True), sys.exit(7)))
             open(sys.argv[2], 'w').close()
             time.sleep(60)
         sys.exit(4)
     ''')
-    write(tmp_path, 'shimprobe.py', f'''
+    write(tmp_path, 'modprobe.py', f'''
         import subprocess, sys
-        print('module', sys.executable.endswith('python_shim'), 'torch' in sys.modules, sys.argv[1:], flush=True)
-        p = subprocess.run([sys.executable, {child!r}, 'y'], input='x\\n', capture_output=True, text=True)
-        print('its child', p.returncode, p.stdout.split()[-1], flush=True)
+        sys.path.insert(0, {ROOT!r})
+        from runtime import processes
+        print('module', 'torch' in sys.modules, sys.argv[1:], flush=True)
+        p = processes.start([sys.executable, {child!r}, 'y'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={{'REPO': {ROOT!r}}})
+        print('its child', *p.communicate('x\\n')[0].splitlines()[0].split()[-3:], p.returncode, flush=True)
     ''')
     parent = write(tmp_path, 'parent.py', f'''
-        import os, signal, subprocess, sys, time
+        import atexit, os, signal, subprocess, sys, time
         sys.stdout.reconfigure(line_buffering=True)
-        print('shim', sys.executable.endswith('python_shim'))
-        env = {{**os.environ, 'PROBE': 'given'}}
-        p = subprocess.run([sys.executable, {child!r}, 'x'], cwd={str(tmp_path)!r}, env=env, input='hello\\n',
-                           capture_output=True, text=True)
-        print('run', p.returncode, repr(p.stdout), repr(p.stderr))
+        sys.path.insert(0, os.getcwd())
+        from config import cli
+        from runtime import processes
+        atexit.register(lambda: print('the parent exit handler'))
+        signal.signal(signal.SIGTERM, lambda *a: print('the parent handler'))
+        kept = subprocess.Popen(['sleep', '60'], stdout=subprocess.PIPE)      # a pipe the child must not hold
+        env = {{**os.environ, 'PROBE': 'given', 'REPO': os.getcwd()}}
+        p = processes.start([sys.executable, {child!r}, 'x'], cwd={str(tmp_path)!r}, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = p.communicate('hello\\n', timeout=60)
+        print('run', p.returncode, repr(out), repr(err))
         flag = {str(tmp_path / 'up')!r}
-        for how in ('term', 'kill'):
-            if os.path.exists(flag):
-                os.unlink(flag)
-            q = subprocess.Popen([sys.executable, {child!r}, 'wait', flag], stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            while not os.path.exists(flag):
-                time.sleep(0.02)
-            q.send_signal(signal.SIGTERM if how == 'term' else signal.SIGKILL)
-            out, _ = q.communicate(timeout=60)
-            print(how, q.returncode, repr(out.splitlines()[-1]))
-        m = subprocess.run([sys.executable, '-m', 'json.tool'], input='[1]', capture_output=True, text=True)
-        print('m', m.returncode, repr(m.stdout.strip()))
-        m = subprocess.run([sys.executable, '-u', '-m', 'shimprobe', 'arg'], cwd={str(tmp_path)!r}, capture_output=True,
-                           text=True)
-        print('module m', m.returncode, repr(m.stdout))
+        q = processes.start([sys.executable, {child!r}, 'wait', flag], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        while not os.path.exists(flag):
+            time.sleep(0.02)
+        q.send_signal(signal.SIGTERM)
+        q.communicate(timeout=60)
+        print('term', q.returncode)
+        m = processes.start([sys.executable, '-u', '-m', 'modprobe', 'arg'], cwd={str(tmp_path)!r},
+                            stdout=subprocess.PIPE, text=True)
+        print('module m', m.wait(timeout=60), repr(m.stdout.read()))
+        real = processes.start(['sh', '-c', 'echo real $PPID'], stdout=subprocess.PIPE, text=True)
+        print(real.communicate()[0].strip() == f'real {{os.getpid()}}')
+        kept.kill()
+        print('pipe', kept.stdout.read() == b'')
     ''')
     out = run_script(parent, timeout=120).stdout.splitlines()
-    assert out[0] == 'shim True'
-    assert out[1] == (f"run 4 \"child ['x'] {tmp_path} given True\\n\" 'line hello\\n'")
-    assert out[2] == "term 7 'got TERM'"
-    assert out[3] == f"kill {-signal.SIGKILL} 'got TERM'"     # the client died at once; its script got SIGTERM
-    assert out[4] == "m 0 '[\\n    1\\n]'"
-    # the module in a real interpreter (no torch), the shim its sys.executable, its own child forked (torch there)
-    assert out[5] == "module m 0 \"module True False ['arg']\\nits child 4 True\\n\""
+    assert out[0] == (f"run 4 \"child ['x'] {tmp_path} given True True True\\nits exit handler\\n\" "
+                      "'line hello\\n'")
+    assert out[1] == f'term {-signal.SIGTERM}'
+    assert out[2] == "module m 0 \"module True ['arg']\\nits child True True True 4\\n\""
+    assert out[3:] == ['True', 'pipe True', 'the parent exit handler']

@@ -228,13 +228,18 @@ def wandb_mode():
     return os.environ.get('WANDB_MODE') or ('online' if wandb_logged_in() else 'offline')
 
 
-def wandb_add(folder, entry, summary=None, files=(), **init):
-    """Reopen (or make) the W&B run ``entry`` (its id and project) in ``folder`` and add ``summary`` and ``files``:
-    the sweep's trial marks and its own run (``sweeping/tracking.py``); ``init``: more of ``wandb.init``'s keywords
-    (name, group, job_type)."""
+def wandb_open(folder, entry, **init):
+    """The W&B run ``entry`` (its id and project) in ``folder``, made or reopened, silent, in :func:`wandb_mode`;
+    ``init``: more of ``wandb.init``'s keywords (name, config, group, job_type, tags)."""
     import wandb
-    run = wandb.init(project=entry['project'], dir=folder, id=entry['id'], resume='allow', mode=wandb_mode(),
-                     settings=wandb.Settings(silent=True), **init)
+    return wandb.init(project=entry['project'], dir=folder, id=entry['id'], resume='allow', mode=wandb_mode(),
+                      settings=wandb.Settings(silent=True), **init)
+
+
+def wandb_add(folder, entry, summary=None, files=(), **init):
+    """Reopen (or make) the W&B run ``entry`` in ``folder`` and add ``summary`` and ``files``: the sweep's trial
+    marks and its own run (``sweeping/tracking.py``); ``init``: as :func:`wandb_open`'s."""
+    run = wandb_open(folder, entry, **init)
     if summary:
         run.summary.update(summary)
     for path in files:
@@ -246,13 +251,10 @@ class WandbRun:
     """One W&B run for a run folder: the same id across ``--resume`` (``<run>/trackers.json``)."""
 
     def __init__(self, folder, name, config, tags, project, group, resumed):
-        import wandb
         entry = load_ids(folder).get('wandb') if resumed else None
         entry = entry or {'id': uuid.uuid4().hex[:16], 'project': project}
-        self.run = wandb.init(project=entry['project'], dir=folder, id=entry['id'], resume='allow', name=name,
-                              config=config, group=group, job_type=tags.get('job_type'), mode=wandb_mode(),
-                              tags=[f'{k}={v}' for k, v in tags.items() if k != 'job_type'],
-                              settings=wandb.Settings(silent=True))
+        self.run = wandb_open(folder, entry, name=name, config=config, group=group, job_type=tags.get('job_type'),
+                              tags=[f'{k}={v}' for k, v in tags.items() if k != 'job_type'])
         self.mode = wandb_mode()
         save_ids(folder, {**load_ids(folder), 'wandb': entry})
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+from runtime import processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PY = sys.executable
 RESULT_MARK = 'GPU_CHECK_SECTION_RESULT '
@@ -21,9 +23,9 @@ def run(cmd, log, timeout, env=None):
     with open(log, 'a') as f:
         f.write(f'\n$ {" ".join(map(str, cmd))}\n')
         f.flush()
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env={**os.environ, 'PYTHONUNBUFFERED': '1', **(env or {})},
-                                start_new_session=True)
+        proc = processes.start([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, 'PYTHONUNBUFFERED': '1', **(env or {})},
+                               start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=timeout)
             code = proc.returncode

@@ -9,6 +9,7 @@ import time
 
 from benchmarks.gpu_check.common import PY, ROOT, outcome, tail
 from benchmarks.gpu_check.recipe import epoch_times, run_folder, write_cifar10
+from runtime import processes
 
 USER_RECIPE_EPOCHS = 4        # the first (it compiles) and three steady ones
 
@@ -20,9 +21,9 @@ def timed_lines(cmd, log, timeout, env=None):
     lines = []
     with open(log, 'a') as f:
         f.write(f'\n$ {" ".join(map(str, cmd))}\n')
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env={**os.environ, 'PYTHONUNBUFFERED': '1', **(env or {})},
-                                start_new_session=True)
+        proc = processes.start([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, 'PYTHONUNBUFFERED': '1', **(env or {})},
+                               start_new_session=True)
         timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
         timer.start()
         try:

@@ -15,12 +15,12 @@ from helpers import (
     assert_one_line_error,
     load,
     only_run_folder,
+    own_process,
     read_metrics,
     run_in_process,
     run_script,
     scaled,
     script_env,
-    script_python,
     signal_after_first_checkpoint,
     start_script,
 )
@@ -320,7 +320,7 @@ def json_of(path):
 def test_two_runs_started_at_once_on_one_folder(tmp_path):
     """The same command started twice at once: one run trains, the other stops with one line
     (the folder is in use, or, if the first finished already, holds a run); one TensorBoard file."""
-    cmd = [script_python(), os.path.join(ROOT, 'main_supcon.py'), *map(str, [*SMALL, '--epochs', 2,
+    cmd = [*own_process(os.path.join(ROOT, 'main_supcon.py')), *map(str, [*SMALL, '--epochs', 2,
                                                                             '--save_folder', tmp_path])]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=script_env()) for _ in range(2)]

@@ -19,9 +19,9 @@ from helpers import (
     method_modes,
     only_run_folder,
     read_metrics,
+    run_script,
     scaled,
     script_env,
-    script_python,
     step_batch,
     take_steps,
 )
@@ -262,10 +262,8 @@ def test_processes_seeded_differently_train_one_model(tmp_path):
 
 
 def torchrun(script, *args, check=True):
-    env = script_env(OMP_NUM_THREADS='1')
-    cmd = [script_python(), torch.distributed.run.__file__, '--nproc_per_node', str(WORLD),     # its workers forked too
-           '--master_port', str(free_port()), script, *map(str, args)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=scaled(600), env=env)
+    proc = run_script(torch.distributed.run.__file__, '--nproc_per_node', WORLD, '--master_port', free_port(), script,
+                      *args, check=False, env={'OMP_NUM_THREADS': '1'})
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

@@ -22,11 +22,11 @@ from helpers import (
     load,
     make_fake_cifar,
     own_process,
+    own_python,
     run_in_process,
     run_script,
     scaled,
     script_env,
-    script_python,
 )
 
 TINY = {'dataset': 'digits', 'batch_size': 128, 'num_workers': 0, 'print_freq': 1000, 'size': 8, 'augment': 'device',
@@ -58,8 +58,7 @@ def read_sweep(path, save):
 
 def sweep(*args, env=None, timeout=900):
     """``python sweep.py args`` in a process of its own (environment: the suite's, plus ``env``)."""
-    return subprocess.run([script_python(), 'sweep.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=scaled(timeout), env={**script_env(), **(env or {})})
+    return run_script('sweep.py', *args, check=False, timeout=timeout, env=env)
 
 
 def records(folder):
@@ -521,9 +520,9 @@ SLURM = ['--launcher', 'slurm', '--poll_s', '0.5', '--time_min', 10]
 @pytest.mark.xdist_group('slurm')
 def test_a_sweep_through_slurm_equals_the_local_one(slurm, tmp_path):
     """A sweep of 2 methods (SupCon with its linear evaluation, CE) through --launcher slurm: one job per cell, every
-    stage's checkpoint and result equal to --launcher local's. (One seed. The job runs the suite's shim as its
-    python: its stages are forked from the suite's script server, as a local sweep's.)"""
-    path = mini(tmp_path / 's.yaml', base={**TINY, 'epochs': 1}, seeds=[0])
+    stage's checkpoint and result equal to --launcher local's. (One seed. The job's Python forks its stages,
+    ``helpers.own_python``.)"""
+    path = mini(tmp_path / 's.yaml', base={**TINY, 'epochs': 1}, seeds=[0], slurm={'python': own_python()})
     via_slurm = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, env=slurm.env)
     assert via_slurm.returncode == 0, via_slurm.stdout[-3000:] + via_slurm.stderr[-3000:]
     assert 'submitted 2 SLURM jobs' in via_slurm.stdout
@@ -546,12 +545,11 @@ def test_a_requeued_slurm_job_resumes_and_ends_equal(slurm, tmp_path):
     """``scontrol requeue`` while a stage runs (as a preemption or a time limit does): the stage stops with its last
     checkpoint, the job waits (BeginTime) until released, runs again with SLURM_RESTART_COUNT=1 and continues the
     stage from last.pth; it ends bit-equal to an uninterrupted run. The job runs the real interpreter (``slurm:
-    python:``), its stage a process of the job's own that SLURM stops (the other SLURM tests' jobs start their stages
-    through the suite's shim: forked, outside the job)."""
+    python:``), its stage a process of the job's own that SLURM stops.)"""
     path = mini(tmp_path / 's.yaml', base={**TINY, 'batch_size': 64, 'epochs': 3}, linear=None, compare=None,
                 methods={'CE': {'script': 'main_ce.py', 'learning_rate': 0.1}}, seeds=[0],
                 slurm={'python': sys.executable})
-    proc = subprocess.Popen([script_python(), 'sweep.py', str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
+    proc = subprocess.Popen([*own_process('sweep.py'), str(path), '--save_folder', str(tmp_path / 'slurm'), *map(
         str, SLURM)], cwd=ROOT, env={**script_env(), **slurm.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)       # forked: the test signals the job, not the sweep
     cell = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs' / 'CE' / 'seed_0'
@@ -584,7 +582,8 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
     each process draws its own augmentations; one step's equality with one process on the concatenated batch is
     tests/runtime/test_distributed.py's.)"""
     path = mini(tmp_path / 's.yaml', base={**TINY, 'epochs': 1}, linear=None, compare=None, seeds=[0],
-                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}})
+                methods={'SupCon': {'method': 'SupCon', 'learning_rate': 0.2, 'temp': 0.1}},
+                slurm={'python': own_python()})
     out = sweep(path, '--save_folder', tmp_path / 'slurm', *SLURM, '--tasks_per_node', 2, env=slurm.env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     cell = tmp_path / 'slurm' / 'sweeps' / 'mini' / 'runs' / 'SupCon' / 'seed_0'
@@ -592,8 +591,7 @@ def test_a_two_task_slurm_job_is_the_torchrun_run(slurm, tmp_path):
     assert ckpt['config']['world_size'] == 2
     command = json.loads((cell / 'cell.json').read_text())['stages']['pretrain']['command'][1:]
     command[command.index('--save_folder') + 1] = str(tmp_path / 'torchrun')
-    subprocess.run([script_python(), torch.distributed.run.__file__, '--standalone', '--nproc_per_node', '2', *command],
-                   cwd=ROOT, env=script_env(), check=True, capture_output=True, timeout=scaled(300))
+    run_script(torch.distributed.run.__file__, '--standalone', '--nproc_per_node', '2', *command, timeout=300)
     assert_same_checkpoints(os.path.join(run_folder(cell), 'last.pth'),
                             os.path.join(run_folder(tmp_path / 'torchrun'), 'last.pth'))
 

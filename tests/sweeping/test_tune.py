@@ -24,10 +24,10 @@ from helpers import (
     assert_one_line_error,
     make_fake_cifar,
     own_process,
+    own_python,
     run_in_process,
-    scaled,
+    run_script,
     script_env,
-    script_python,
 )
 
 SPACE = {'learning_rate': {'low': 0.02, 'high': 1.0, 'log': True}, 'temp': {'low': 0.05, 'high': 0.5, 'log': True}}
@@ -141,8 +141,7 @@ def test_a_sweep_without_tune_does_not_import_optuna(tmp_path):
     script.write_text(f'import sys\nsys.path.insert(0, {ROOT!r})\nimport sweep\ntry:\n'
                       '    sweep.main([sys.argv[1], "--dry-run", "--save_folder", sys.argv[2]])\n'
                       'finally:\n    print("optuna" in sys.modules)\n')
-    out = subprocess.run([script_python(), str(script), str(path), str(tmp_path / 'save')], cwd=ROOT,
-                         capture_output=True, text=True, env=script_env(), timeout=scaled(300))
+    out = run_script(str(script), path, tmp_path / 'save', check=False, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == 'False', out.stdout + out.stderr
 
 
@@ -354,7 +353,7 @@ def test_tuning_needs_no_test_split_and_an_rdb_holds_its_study(tmp_path):
 @pytest.mark.xdist_group('slurm')
 def test_tuning_through_slurm(slurm, tmp_path):
     """The trials as SLURM jobs on the one-node cluster: the budget, the held-out choice, the cells after it."""
-    path = ce_only(tmp_path / 's.yaml', trials=2)
+    path = ce_only(tmp_path / 's.yaml', trials=2, slurm={'python': own_python()})    # the jobs fork their stages
     out = sweep(path, '--save_folder', tmp_path / 'save', *SLURM, '--jobs', 2, env=slurm.env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     folder = tmp_path / 'save' / 'sweeps' / 'ce'

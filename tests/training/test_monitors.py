@@ -79,11 +79,12 @@ def test_the_demo_runs_and_stays_silent(tmp_path):
     """The README's demo (SupCon on digits, then linear evaluation), shortened to 2 + 1 epochs: it ends on the test
     accuracy, with no warning. (The full demo, 30 + 10 epochs, printed none either: docs/results.md, "The demo".)"""
     import subprocess
+    import sys
 
-    from helpers import ROOT, script_env, script_python
+    from helpers import ROOT, script_env
     proc = subprocess.run(['bash', 'scripts/demo.sh', '0'], cwd=ROOT, capture_output=True, text=True,
                           timeout=scaled(900), env=script_env(PRETRAIN_EPOCHS='2', LINEAR_EPOCHS='1',
-                                                              DEMO_OUT=str(tmp_path), PY=script_python()))
+                                                              DEMO_OUT=str(tmp_path), PY=sys.executable))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'warning:' not in proc.stdout and 'warning:' not in proc.stderr
     assert proc.stdout.strip().splitlines()[-1].startswith('digits test accuracy')
