@@ -54,6 +54,9 @@ class Method:
         run_name: a hook returning ``(method part, scale part)`` of the run folder's name
             (default: ``(name, 'temp_<--temp>')``).
         stats_prefix: the loss's statistics are logged as ``train/<stats_prefix><name>``.
+        compiles: the loss step (the loss and the statistics, ``steps.Pretraining.loss_from_parts``) traces without
+            a graph break, so ``--compile`` compiles it too, one graph with its backward, where it runs alone
+            (without ``--carrot`` and torchrun); ``tests/training/test_compile_breaks.py`` holds it at 0 breaks.
     """
     name: str
     build: Callable[..., Any]
@@ -66,6 +69,7 @@ class Method:
     check: Optional[Callable[..., Optional[dict]]] = None
     run_name: Optional[Callable[..., tuple[str, str]]] = None
     stats_prefix: str = ''
+    compiles: bool = False
 
 
 METHODS: dict[str, Method] = {}
@@ -158,10 +162,11 @@ def _simclr_family_name(method, simclr_loss, margin, temp):
 
 
 register(Method('SupCon', _build_simclr_family, help='supervised contrastive (Khosla et al. 2020)',
-                takes_queue=True, flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family, run_name=_simclr_family_name))
+                takes_queue=True, flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family, run_name=_simclr_family_name,
+                compiles=True))
 register(Method('SimCLR', _build_simclr_family, help='self-supervised (Chen et al. 2020): no labels',
                 uses_labels=False, takes_queue=True, flags=SIMCLR_FAMILY_FLAGS, check=_check_simclr_family,
-                run_name=_simclr_family_name))
+                run_name=_simclr_family_name, compiles=True))
 
 
 # ---------------------------------------------------------------- RASCAL
@@ -207,7 +212,7 @@ register(Method('EpsSupInfoNCE', lambda eps_margin, temp: EpsSupInfoNCELoss(eps_
                                                  'code (eps * temp in cosine similarity)')},
                 check=lambda eps_margin: check(eps_margin >= 0, f'--eps_margin must be >= 0, got {eps_margin}'),
                 run_name=lambda eps_margin, temp: (f'EpsSupInfoNCE_eps_{eps_margin}_logit', f'temp_{temp}')))
-register(Method('SupDCL', lambda temp: SupDCLLoss(temperature=temp), takes_queue=True,
+register(Method('SupDCL', lambda temp: SupDCLLoss(temperature=temp), takes_queue=True, compiles=True,
                 help='supervised decoupled contrastive (Yeh et al. 2022): other classes only in the denominator'))
 register(Method('Spread', lambda spread_alpha, temp: SpreadLoss(spread_alpha, temperature=temp), takes_queue=True,
                 help='L_spread (Chen et al. 2022): SupCon + class-conditional InfoNCE against class collapse',
@@ -228,7 +233,7 @@ def _check_bcl(bcl_ce_weight, bcl_weight):
 register(Method('BCL', lambda class_counts, enc_dim, feat_dim, temp, bcl_ce_weight, bcl_weight, bcl_classifier: BCLLoss(
                     class_counts, enc_dim, feat_dim, temperature=temp, ce_weight=bcl_ce_weight, bcl_weight=bcl_weight,
                     classifier=bcl_classifier),
-                uses_encoder_features=True, stats_prefix='bcl/',
+                uses_encoder_features=True, stats_prefix='bcl/', compiles=True,
                 help='balanced contrastive learning (Zhu et al. 2022): logit-adjusted CE on a classifier of its own + '
                      'class-averaged SupCon with one prototype per class',
                 flags={'--bcl_ce_weight': dict(type=float, default=2.0,
@@ -278,7 +283,7 @@ for _name, _prior, _help in (
         ('GPaCo', False, 'PaCo without the class prior (its balanced-data form, Cui et al. 2023)')):
     _build, _run_name = _paco(_prior)
     register(Method(_name, _build, help=_help, takes_queue=True, uses_encoder_features=True, stats_prefix='paco/',
-                    flags=PACO_FLAGS, check=_check_paco, run_name=_run_name))
+                    flags=PACO_FLAGS, check=_check_paco, run_name=_run_name, compiles=True))
 
 
 def _check_tsc(kcl_k, tsc_weight):

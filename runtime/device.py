@@ -163,6 +163,17 @@ def compile_modules(enabled, *modules, backend='inductor'):
         _compiled = True
 
 
+def compile_function(enabled, fn, backend='inductor'):
+    """``--compile`` for a function of the step (the loss step, ``Method.compiles``): ``torch.compile(fn)``, its
+    backward compiled with it; ``fn`` itself when not ``enabled``. The stance as for :func:`compile_modules`."""
+    global _compiled
+    if not enabled:
+        return fn
+    torch.compiler.set_stance('default')
+    _compiled = True
+    return torch.compile(fn, backend=backend)
+
+
 def keep_compiled_shapes():
     """After the first training step of a compiled run: a call the compiled graphs do not fit (an epoch's last,
     smaller batch; an evaluation in eval mode or with another batch size) runs eagerly instead of compiling again
@@ -187,7 +198,8 @@ def _check_compile(compile, compile_backend, given):
 COMPILE = Feature(
     'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile', 'compile_backend'),
     flags={'--compile': dict(type=on_off_auto, nargs='?', const=True, default=False,
-                             help='torch.compile the encoder and heads: on (the flag alone) or off (the first steps '
+                             help='torch.compile the encoder, heads and (where it traces whole) the loss step: on (the '
+                                  'flag alone) or off (the first steps '
                                   'compile; checkpoints load with or without it; the CIFAR recipes turn it on, '
                                   '--compile off turns it off again)'),
            '--compile_backend': dict(type=str, default='inductor',

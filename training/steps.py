@@ -22,7 +22,7 @@ from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss
 from methods import METHODS, Method, get_method
 from networks import SupCEResNet, SupConResNet
-from runtime.device import Runtime, compile_modules
+from runtime.device import Runtime, compile_function, compile_modules
 from runtime.distributed import (
     all_reduce_grads,
     all_reduce_sum,
@@ -30,6 +30,7 @@ from runtime.distributed import (
     gather,
     gather_labels,
     gather_with_grad,
+    is_distributed,
     wrap_model,
 )
 from training.chunks import cached_step
@@ -103,6 +104,9 @@ class Pretraining:
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
+        # --compile: the loss step too, where it traces whole (Method.compiles; CARROT and torchrun's gathers break it)
+        self.loss_step = compile_function(opt.compile and self.method.compiles and self.carrot is None
+                                          and not is_distributed(), self.loss_from_parts, opt.compile_backend)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """The model's parameters, then the loss's own (none for most methods)."""
@@ -156,7 +160,7 @@ class Pretraining:
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
 
         def loss_from(h_enc, h_proj):
-            loss, stats, kept['features'] = self.loss_from_parts(h_enc, h_proj, labels, ids, n_views, scale)
+            loss, stats, kept['features'] = self.loss_step(h_enc, h_proj, labels, ids, n_views, scale)
             return loss, stats
         if self.chunk_size:
             loss, stats = cached_step(runtime, model, model.head, views, self.chunk_size, loss_from, backward)
@@ -272,6 +276,9 @@ class CETraining:
         compile_modules(opt.compile, *self.model.children(), backend=opt.compile_backend)
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
+        # --compile: the loss step too, as Pretraining's (CARROT and torchrun's gathers break it)
+        self.loss_step = compile_function(opt.compile and self.carrot is None and not is_distributed(),
+                                          self.loss_from_parts, opt.compile_backend)
 
     def checkpointed(self) -> dict:
         """Nothing but the model travels in its checkpoints."""
@@ -306,7 +313,7 @@ class CETraining:
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
 
         def loss_from(h, out):
-            return self.loss_from_parts(h, out, labels, len(views), scale)
+            return self.loss_step(h, out, labels, len(views), scale)
         if self.chunk_size:
             return cached_step(runtime, self.model, self.model.outputs, views, self.chunk_size, loss_from, backward)
         with runtime.autocast():
