@@ -9,8 +9,9 @@ on 50,000 synthetic CIFAR-shaped images (32x32 uint8, 100 classes), for each mod
 - ``baseline``: SupContrast as written: fp32, its dense-mask ``SupConLoss`` (``benchmarks/supcontrast_losses.py``),
   per-image PIL two-crop augmentation in DataLoader workers (pinned memory), no channels-last;
 - ``ours <method>``: ``steps.Pretraining`` for SupCon, RASCAL and SupCon + CARROT with ``--augment device``,
-  ``--amp bf16`` and ``--channels_last`` (``--compile`` adds ``torch.compile`` of the model), and SupCon with
-  ``--deterministic`` (its cost);
+  ``--amp bf16`` and ``--channels_last``, and SupCon with ``--deterministic`` (its cost); with ``--compile`` also
+  ``ours <method> compiled``, each method with the scripts' ``--compile`` (the encoder, the heads, and the loss step
+  where the method traces it whole: SupCon's; docs/USAGE.md, "torch.compile");
 - ``bound``: the same model's forward, backward and SGD step on images already augmented on the GPU, with no
   loss beyond a sum (``bound compiled``, with ``--compile``: the same under ``torch.compile``; a compiled row's
   ratio is taken over it, never over the uncompiled bound);
@@ -19,7 +20,8 @@ on 50,000 synthetic CIFAR-shaped images (32x32 uint8, 100 classes), for each mod
 
 Prints each rate, ours/baseline and ours/bound, then one line ``ratio X``: ours (SupCon) over the baseline for
 resnet18 at batch 1024 (the first configuration measured with ``--smoke`` or other sizes). Targets: ours/baseline >= 3
-(resnet18), >= 2 (resnet50); ours/bound >= 0.8 (SupCon), >= 0.7 (RASCAL, CARROT).
+(resnet18), >= 2 (resnet50); ours/bound >= 0.8 (SupCon), >= 0.7 (RASCAL, CARROT); compiled, over the compiled
+bound: >= 0.9 (SupCon), >= 0.8 (RASCAL, CARROT).
 """
 import argparse
 import itertools
@@ -140,17 +142,18 @@ def baseline(model_name, bsz, device, dataset, steps, warmup, workers):
     return timed(opt, loader, model, step, steps, warmup)
 
 
-def ours(model_name, bsz, device, dataset, steps, warmup, method_flags, compile_model, profile=False):
-    """``steps.Pretraining`` with device augmentation, bf16 and channels-last (``profile``: :func:`timed`'s)."""
+def ours(model_name, bsz, device, dataset, steps, warmup, method_flags, compile_backend=None, profile=False):
+    """``steps.Pretraining`` with device augmentation, bf16 and channels-last; ``compile_backend``: with the
+    scripts' ``--compile`` on that backend (``profile``: :func:`timed`'s)."""
     amp = ['--amp', 'bf16'] if device != 'cpu' or torch.cpu._is_avx512_bf16_supported() else []
+    compiled = ['--compile', '--compile_backend', compile_backend] if compile_backend else []
+    torch._dynamo.reset()       # each row compiles its own graphs, as its own process would (never another row's)
     opt = options(model_name, bsz, device, ['--augment', 'device', '--channels_last', '--num_workers', '0',
-                                            '--temp', '0.1', *amp, *method_flags])
+                                            '--temp', '0.1', *amp, *method_flags, *compiled])
     dataset.transform = None
     train_set = IndexedDataset(dataset) if '--method' in method_flags else dataset
     loader = build_loader(opt, train_set, train=True, kind='contrastive', n_views=2)
     pre = Pretraining(opt, len(train_set))
-    if compile_model:
-        pre.ddp_model = torch.compile(pre.ddp_model)
 
     def step(batch, backward):
         loss, stats = pre.step(*batch, backward=backward)
@@ -190,9 +193,9 @@ def kornia_ours(model_name, bsz, device, dataset, steps, warmup):
     return timed(opt, KorniaLoader(), pre.model, step, steps, warmup)
 
 
-def bound(model_name, bsz, device, steps, warmup, compile_model=False):
+def bound(model_name, bsz, device, steps, warmup, compile_backend=None):
     """Forward + backward + SGD of the model on images already on the device, loss = a sum (no augmentation);
-    ``compile_model``: the model under ``torch.compile`` (the bound of the compiled rows)."""
+    ``compile_backend``: the model under ``torch.compile`` on that backend (the bound of the compiled rows)."""
     opt = options(model_name, bsz, device, ['--channels_last', '--amp', 'bf16'] if device != 'cpu' else [])
     images = torch.randn(2 * bsz, 3, 32, 32, device=opt.device)
     if opt.channels_last:
@@ -201,7 +204,8 @@ def bound(model_name, bsz, device, steps, warmup, compile_model=False):
     if opt.channels_last:
         model = model.to(memory_format=torch.channels_last)
     runtime = call_hook(Runtime, opt)
-    forward = torch.compile(model) if compile_model else model
+    torch._dynamo.reset()
+    forward = torch.compile(model, backend=compile_backend) if compile_backend else model
 
     def step(batch, backward):
         with runtime.autocast():
@@ -214,7 +218,8 @@ def bound(model_name, bsz, device, steps, warmup, compile_model=False):
 # the targets: (rate, over, target) for each row that has one
 TARGETS = [('ours SupCon', 'baseline', {'resnet18': 3.0, 'resnet50': 2.0}),
            ('ours SupCon', 'bound', 0.8), ('ours RASCAL', 'bound', 0.7), ('ours SupCon+CARROT', 'bound', 0.7),
-           ('ours SupCon compiled', 'bound compiled', 0.8)]
+           ('ours SupCon compiled', 'bound compiled', 0.9), ('ours RASCAL compiled', 'bound compiled', 0.8),
+           ('ours SupCon+CARROT compiled', 'bound compiled', 0.8)]
 METHOD_FLAGS = {'SupCon': [], 'RASCAL': ['--method', 'RASCAL'], 'SupCon+CARROT': ['--carrot']}
 
 
@@ -243,7 +248,9 @@ def main(argv=None):
     p.add_argument('--warmup', type=int, default=5)
     p.add_argument('--workers', type=int, default=min(16, os.cpu_count() or 1), help='baseline DataLoader workers')
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--compile', action='store_true', help='also ours with torch.compile of the model')
+    p.add_argument('--compile', action='store_true', help="also each method with the scripts' --compile")
+    p.add_argument('--compile_backend', default='inductor',
+                   help='the compiled rows\' torch.compile backend (aot_eager: the same graphs in seconds on a CPU)')
     p.add_argument('--smoke', action='store_true', help='resnet_tiny, batch 16, 256 images, 2 steps: that it runs')
     p.add_argument('--profile', choices=['missed', 'always', 'never'], default='missed',
                    help='a torch.profiler table of ours for each method whose target is missed (always: every one)')
@@ -263,12 +270,14 @@ def main(argv=None):
             rates = {'baseline': baseline(model_name, bsz, dev, data, args.steps, args.warmup, args.workers),
                      'bound': bound(model_name, bsz, dev, args.steps, args.warmup)}
             for method, flags in METHOD_FLAGS.items():
-                rates[f'ours {method}'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags, False)
+                rates[f'ours {method}'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags)
             if args.compile:
-                rates['bound compiled'] = bound(model_name, bsz, dev, args.steps, args.warmup, compile_model=True)
-                rates['ours SupCon compiled'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, [], True)
+                rates['bound compiled'] = bound(model_name, bsz, dev, args.steps, args.warmup, args.compile_backend)
+                for method, flags in METHOD_FLAGS.items():
+                    rates[f'ours {method} compiled'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags,
+                                                            args.compile_backend)
             rates['ours SupCon deterministic'] = ours(model_name, bsz, dev, data, args.steps, args.warmup,
-                                                      ['--deterministic'], False)
+                                                      ['--deterministic'])
             torch.use_deterministic_algorithms(False)         # --deterministic is process-wide: off again
             torch.backends.cudnn.deterministic = False
             try:
@@ -288,7 +297,7 @@ def main(argv=None):
             for method, flags in METHOD_FLAGS.items():
                 if args.profile == 'always' or (args.profile == 'missed' and
                                                 any(row == f'ours {method}' for row, *_ in missed)):
-                    _, profiles[method] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags, False,
+                    _, profiles[method] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags, None,
                                                profile=True)
                     print(f'  profile of ours {method} (top operators by self time):\n{profiles[method]}')
             report['configs'].append({'model': model_name, 'batch': bsz, 'rates': rates, 'profiles': profiles,
