@@ -60,17 +60,28 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
             found.update({r: largest[count - 1 - r] for r in high})
     else:
         # bucket ids: truncation is floor for values >= -1; invalid entries go to the extra bucket `bins`
-        ids = ((values + 1) * (bins / 2)).to(torch.int32).clamp_(0, bins - 1).masked_fill_(~upper, bins)
+        ids = values.add(1).mul_(bins / 2).to(torch.int32).clamp_(0, bins - 1).masked_fill_(~upper, bins)
         ids = ids.flatten()
         cum = torch.bincount(ids, minlength=bins + 1)[:bins].cumsum(0)
         where = torch.searchsorted(cum, torch.tensor(ranks, device=cum.device), right=True)
         before = torch.cat([cum.new_zeros(1), cum])[where]          # values in lower buckets
         where, before = where.tolist(), before.tolist()
-        flat = values.flatten()
-        cache = {}
+        # one pass over the n^2 entries picks those of every bucket needed (a handful); each bucket's from those
+        needed = sorted(set(where))
+        runs = [[needed[0], needed[0]]]                    # the needed buckets as runs of consecutive ids
+        for bucket in needed[1:]:
+            if bucket == runs[-1][1] + 1:
+                runs[-1][1] = bucket
+            else:
+                runs.append([bucket, bucket])
+        keep = None
+        for first, last in runs:
+            inside = (ids == first) if first == last else (ids >= first) & (ids <= last)
+            keep = inside if keep is None else keep | inside
+        keep = keep.nonzero().squeeze(1)
+        few, few_ids = values.flatten()[keep], ids[keep]
+        cache = {bucket: few[few_ids == bucket] for bucket in needed}
         for r, bucket, n_below in zip(ranks, where, before):
-            if bucket not in cache:
-                cache[bucket] = flat[ids == bucket]
             found[r] = torch.kthvalue(cache[bucket], r - n_below + 1).values
     return torch.stack([found[a] + (found[b] - found[a]) * frac for a, b, frac in plans])
 

@@ -56,6 +56,22 @@ def test_pair_quantiles_equal_torch_quantile(q):
         torch.testing.assert_close(got, torch.quantile(S[neg], q), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize('bins', [2, 3, 7, 4096])
+def test_the_cpu_form_finds_every_bucket_it_needs(bins):
+    """The CPU form reads the values of the buckets that hold the order statistics in one pass, as runs of
+    consecutive buckets: with few buckets several statistics share one or sit in neighbours (one run), with many
+    they sit apart (several runs); every case equals torch.quantile."""
+    qs = (0.0, 0.05, 0.3, 0.31, 0.55, 0.8, 0.97, 1.0)
+    for seed in range(3):
+        z = F.normalize(rand(30, 4, seed), dim=1)
+        S = (z @ z.T).clamp(-1, 1)
+        y = torch.randint(0, 4, (30,), generator=torch.Generator().manual_seed(seed))
+        neg = y[:, None] != y[None, :]
+        got = pair_quantiles(S, neg, qs, bins=bins, sync_free=False)
+        torch.testing.assert_close(got, torch.quantile(S[neg], torch.tensor(qs, dtype=S.dtype)), rtol=1e-6,
+                                   atol=1e-9)
+
+
 @pytest.mark.parametrize('q', [0.0, 0.1, 0.37, 0.9, 1.0])
 def test_pair_quantile_forms_select_the_same_values(q):
     """The CPU form (histogram, then kthvalue in a bucket) and the accelerator form (topk on the whole triangle from
