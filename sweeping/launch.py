@@ -106,14 +106,16 @@ def stage_env(threads=None, gpu=None, extra=None):
     return env
 
 
-def _die_with_parent():
-    """In the child, before it runs the script: SIGTERM when the sweep dies (SIGKILL included), so no run is left
-    behind holding its folder (Linux; elsewhere a no-op)."""
+def _die_with_parent(parent):
+    """In the child, before it runs the script: SIGTERM when the sweep (process ``parent``) dies, SIGKILL included,
+    so no run is left behind holding its folder; at once if it died before this ran (Linux; elsewhere a no-op)."""
     try:
         import ctypes
         ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 ATTEMPT = '=== attempt'      # the line a log gets before each attempt of its stage
@@ -130,8 +132,9 @@ def start_stage(cell, stage, env, rank=0):
         started = time.strftime('%Y-%m-%d %H:%M:%S')
         f.write(f'\n{ATTEMPT} {attempts}, {started}: {shlex.join([sys.executable, *command])}\n')
         f.flush()
+        parent = os.getpid()
         proc = processes.start([sys.executable, *command], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
-                               preexec_fn=_die_with_parent)
+                               preexec_fn=lambda: _die_with_parent(parent))
     if rank == 0:
         write_record(cell.folder, stage.name, state='running', attempts=attempts, command=[sys.executable, *command],
                      log=log, started=time.time(), **({'slurm_job': os.environ['SLURM_JOB_ID']}

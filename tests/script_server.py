@@ -71,10 +71,33 @@ def as_after_exec(env):
     modules to be imported afresh (their state at import, the main process's pid say, is the script's own), no
     exit handlers of the parent's, and the thread count that ``OMP_NUM_THREADS`` asks for."""
     import atexit
-    import signal
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
+    exec_signals()
+    sys.stdin = sys.__stdin__ = open(0, closefd=False)
+    sys.stdout = sys.__stdout__ = open(1, 'w', buffering=1, closefd=False)
+    sys.stderr = sys.__stderr__ = open(2, 'w', buffering=1, errors='backslashreplace', closefd=False)
+    for name, module in list(sys.modules.items()):
+        if name != '__main__' and module is not sys.modules.get(__name__) and \
+                (_repo_module(module) or name.split('.')[0] in FRESH_LIBRARIES):
+            del sys.modules[name]
+    atexit._clear()
+    if os.environ.get('OMP_NUM_THREADS', '').isdigit():
+        torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
+    install()
+
+
+# libraries whose module state holds the process's own connections, imported afresh too: MLflow caches its stores
+# (and their SQLite connections) by URI, so a stage forked from a sweep that had logged to MLflow read the sweep's
+# connection (W&B checks the process id itself; SQLAlchemy's compiled extensions cannot be imported twice)
+FRESH_LIBRARIES = ('mlflow',)
+
+
+def exec_signals():
+    """The signal handlers as ``exec`` leaves them: a handler becomes the default, SIGINT Python's own unless
+    ignored, no wake-up fd."""
+    import signal
     for signum in signal.valid_signals():
         try:
             handler = signal.getsignal(signum)
@@ -86,16 +109,6 @@ def as_after_exec(env):
         elif callable(handler):
             signal.signal(signum, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
-    sys.stdin = sys.__stdin__ = open(0, closefd=False)
-    sys.stdout = sys.__stdout__ = open(1, 'w', buffering=1, closefd=False)
-    sys.stderr = sys.__stderr__ = open(2, 'w', buffering=1, errors='backslashreplace', closefd=False)
-    for name, module in list(sys.modules.items()):
-        if name != '__main__' and module is not sys.modules.get(__name__) and _repo_module(module):
-            del sys.modules[name]
-    atexit._clear()
-    if os.environ.get('OMP_NUM_THREADS', '').isdigit():
-        torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
-    install()
 
 
 def _repo_module(module):
@@ -187,10 +200,15 @@ class _Forked:
 
     @staticmethod
     def run(a, form):
+        """In the order of ``Popen``'s child: the session, the signals, ``preexec_fn`` (at once: a parent that
+        dies now must still take the child with it), the descriptors, the folder, then the interpreter's start."""
         if a['start_new_session']:
             os.setsid()
         if a.get('process_group', -1) is not None and a.get('process_group', -1) >= 0:
             os.setpgid(0, a['process_group'])
+        exec_signals()
+        if a['preexec_fn'] is not None:
+            a['preexec_fn']()
         _Forked.take_fds(a)
         if a['cwd'] is not None:
             os.chdir(a['cwd'])
@@ -198,8 +216,6 @@ class _Forked:
             os.umask(a['umask'])
         env = None if a['env'] is None else {os.fsdecode(k): os.fsdecode(v) for k, v in a['env'].items()}
         as_after_exec(env)
-        if a['preexec_fn'] is not None:
-            a['preexec_fn']()
         run_as_main(*form)
 
 
