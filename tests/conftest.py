@@ -23,6 +23,20 @@ from helpers import CPU_AUGMENT, FAST, only_run_folder, run_script  # noqa: E402
 if 'PYTEST_XDIST_WORKER' in os.environ:
     torch.set_num_threads(1)
 
+
+
+@pytest.fixture(autouse=True)
+def default_compiler_stance():
+    """Each test starts with the compiler's default stance: a compiled training loop in the test process sets
+    ``eager_on_recompile`` (``runtime.device.keep_compiled_shapes``), which would leave later tests' graphs
+    uncompiled."""
+    yield
+    device = sys.modules.get('runtime.device')
+    if device is not None and device._compiled:
+        torch.compiler.set_stance('default')
+        device._compiled = False
+
+
 # Under pytest-xdist (scripts/test.sh runs ``-n auto --dist loadgroup``) each worker has its own session: the tests
 # that read one of the runs below carry ``@pytest.mark.xdist_group(<run>)`` ('tiny', 'coarse', or a SHARED_RUNS
 # name), so each run is trained by one worker only.

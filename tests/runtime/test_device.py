@@ -120,6 +120,7 @@ def test_the_compiled_modules_are_one_graph_each(name):
     from networks import SupConResNet
     model = SupConResNet(name)
     inputs = ((model.encoder, torch.randn(4, 3, 8, 8)), (model.head, torch.randn(4, model.encoder.feature_dim)))
+    torch._dynamo.reset()
     for module, x in inputs:
         explained = torch._dynamo.explain(module)(x)
         assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
