@@ -19,15 +19,16 @@ pytestmark = pytest.mark.slow
 BREAKS = {
     'SupCon': 0, 'SupCon + queue + CARROT': 7, 'SupCon --simclr_loss=ntlogistic': 0,
     'SupCon --simclr_loss=margin_triplet': 0,
-    'SimCLR': 0, 'SimCLR + queue': 0, 'SimCLR --simclr_loss=ntlogistic': 0, 'SimCLR --simclr_loss=margin_triplet': 0,
+    'SimCLR': 0, 'SimCLR --simclr_loss=ntlogistic': 0, 'SimCLR --simclr_loss=margin_triplet': 0,
     'RASCAL': 15, 'RASCAL + queue + CARROT': 25, 'RASCAL --rascal_weighting=current': 15,
     'RASCAL --rascal_weighting=uniform': 15,
-    'KCL': 10, 'KCL + CARROT': 17, 'SINCERE': 10, 'SINCERE + queue + CARROT': 17,
-    'EpsSupInfoNCE': 10, 'EpsSupInfoNCE + queue + CARROT': 17, 'SupDCL': 0, 'SupDCL + queue + CARROT': 7,
-    'Spread': 10, 'Spread + queue + CARROT': 17, 'BCL': 0, 'BCL + CARROT': 7, 'BCL --bcl_classifier=linear': 0,
-    'PaCo': 0, 'PaCo + queue + CARROT': 7, 'GPaCo': 0, 'GPaCo + queue + CARROT': 7,
-    'TSC': 10, 'TSC + CARROT': 17, 'TSC --tsc_assign=step': 14,
+    'KCL': 10, 'SINCERE': 10, 'EpsSupInfoNCE': 10, 'SupDCL': 0, 'Spread': 10, 'BCL': 0,
+    'BCL --bcl_classifier=linear': 0, 'PaCo': 0, 'GPaCo': 0, 'TSC': 10, 'TSC --tsc_assign=step': 14,
 }
+# every method mode alone; CARROT (and the queue) with SupCon and RASCAL only: CARROT's breaks are its own, the same
+# on top of any method (each of them measured 6 to 10 more), and each of those modes costs seconds to explain
+MODES = {name: argv for name, argv in method_modes().items()
+         if ' + ' not in name or name in ('SupCon + queue + CARROT', 'RASCAL + queue + CARROT')}
 
 
 def graph_breaks(training):
@@ -50,9 +51,9 @@ def compiled_alone(argv):
     return METHODS[argv[argv.index('--method') + 1]].compiles and '--carrot' not in argv
 
 
-@pytest.mark.parametrize('mode', list(method_modes()))
+@pytest.mark.parametrize('mode', list(MODES))
 def test_the_loss_step_breaks_no_more_often_than_recorded(mode):
-    argv = method_modes()[mode]
+    argv = MODES[mode]
     assert mode in BREAKS, f'{mode}: count its graph breaks (graph_breaks) and record them in BREAKS'
     breaks = graph_breaks(build_training(argv))
     assert breaks <= BREAKS[mode], f'{mode}: {breaks} graph breaks, {BREAKS[mode]} recorded'
