@@ -177,3 +177,18 @@ def test_training_step_has_no_host_synchronization(mode, chunk):
         training.step(views, labels, ids)
     expected = sum(READS_BY_DESIGN.get(mode, {}).values())
     assert counter.total == expected, dict(counter.counts)
+
+
+@pytest.mark.parametrize('argv, ce', [([], False), (['--queue_size', '512', '--amp', 'bf16'], False),
+                                      (['--method', 'SimCLR'], False), ([], True)],
+                         ids=['supcon', 'supcon-queue-bf16', 'simclr', 'ce'])
+def test_the_compiled_loss_step_trains_on_cuda(argv, ce, tmp_path):
+    """``--compile`` on CUDA compiles the encoder, the heads and the loss step (``Method.compiles``; labels from the
+    host): a run of the real script trains and evaluates, and its checkpoint loads without ``--compile``."""
+    script = 'main_ce.py' if ce else 'main_supcon.py'
+    run_script(script, *GPU, *argv, '--compile', '--epochs', 1, '--save_folder', tmp_path / 'pre')
+    last = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')
+    if not ce:
+        out = run_script('main_linear.py', *GPU, '--epochs', 1, '--ckpt', last, '--save_folder', tmp_path / 'lin')
+        assert 'final test top-1' in out.stdout
+    assert load(last)['config']['compile'] is True
