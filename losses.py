@@ -35,6 +35,13 @@ class Loss(nn.Module):
         super().__init__()
         self.last_stats, self.last_hists = {}, {}
 
+    def host_plan(self, labels, ids, n_views, queue=None):
+        """What ``forward(..., plan=)`` would otherwise build on the host from the values of ``labels``, dataset
+        ``ids`` ``[B]`` and the queue's host copy: index tensors whose shapes depend on those values (RASCAL's class
+        blocks and id table), or ``None``: nothing (the default). The training step builds it before its compiled
+        loss step, which then has no shape that depends on a value (docs/USAGE.md, "torch.compile")."""
+        return None
+
     def end_epoch(self) -> None:
         """Called by the training loop after every training epoch, before the checkpoint is written (TSC
         assigns its targets to classes here); nothing for most losses."""

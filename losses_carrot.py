@@ -28,13 +28,14 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
     Two forms select the same order statistics (so they return the same numbers, by definition): on a CPU
     (``sync_free`` false, the default there) one histogram of ``bins`` buckets locates every order statistic
     needed (both quantiles and their interpolation neighbours), then ``kthvalue`` runs on the few values of
-    those buckets (about 4x faster than the other form here); elsewhere (``sync_free``, the default on an
-    accelerator) ``topk`` selects from the whole upper triangle, invalid entries set to ``+inf`` (``-inf`` for the
-    largest), from whichever side of each order statistic is nearer, so nothing is read back to the host (``count``
-    must then be given, or it is read once; ``python benchmarks/carrot_quantile.py`` times it against ``kthvalue``).
+    those buckets (:func:`_bucket_select`, over the triangle a chunk of rows at a time); elsewhere (``sync_free``,
+    the default on an accelerator) ``topk`` selects from the whole upper triangle, invalid entries set to ``+inf``
+    (``-inf`` for the largest), from whichever side of each order statistic is nearer, so nothing is read back to the
+    host (``count`` must then be given, or it is read once; ``python benchmarks/carrot_quantile.py`` times it against
+    ``kthvalue``).
     """
     sync_free = values.device.type != 'cpu' if sync_free is None else sync_free
-    upper = valid.triu(1)
+    upper = valid.triu(1) if sync_free or count is None else None
     if count is None:
         count = int(upper.sum())
     n_ordered = 2 * count
@@ -59,31 +60,59 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
             largest = torch.topk(flat, count - min(high), largest=True, sorted=True).values
             found.update({r: largest[count - 1 - r] for r in high})
     else:
-        # bucket ids: truncation is floor for values >= -1; invalid entries go to the extra bucket `bins`
-        ids = values.add(1).mul_(bins / 2).to(torch.int32).clamp_(0, bins - 1).masked_fill_(~upper, bins)
-        ids = ids.flatten()
-        cum = torch.bincount(ids, minlength=bins + 1)[:bins].cumsum(0)
-        where = torch.searchsorted(cum, torch.tensor(ranks, device=cum.device), right=True)
-        before = torch.cat([cum.new_zeros(1), cum])[where]          # values in lower buckets
-        where, before = where.tolist(), before.tolist()
-        # one pass over the n^2 entries picks those of every bucket needed (a handful); each bucket's from those
-        needed = sorted(set(where))
-        runs = [[needed[0], needed[0]]]                    # the needed buckets as runs of consecutive ids
-        for bucket in needed[1:]:
-            if bucket == runs[-1][1] + 1:
-                runs[-1][1] = bucket
-            else:
-                runs.append([bucket, bucket])
-        keep = None
-        for first, last in runs:
-            inside = (ids == first) if first == last else (ids >= first) & (ids <= last)
-            keep = inside if keep is None else keep | inside
-        keep = keep.nonzero().squeeze(1)
-        few, few_ids = values.flatten()[keep], ids[keep]
-        cache = {bucket: few[few_ids == bucket] for bucket in needed}
-        for r, bucket, n_below in zip(ranks, where, before):
-            found[r] = torch.kthvalue(cache[bucket], r - n_below + 1).values
+        found.update(_bucket_select(values, valid, ranks, bins))
     return torch.stack([found[a] + (found[b] - found[a]) * frac for a, b, frac in plans])
+
+
+def _row_chunks(values, valid, bins, rows):
+    """The upper triangle of ``values`` ``[n, n]`` where ``valid``, ``rows`` rows at a time: per chunk, its values
+    right of the diagonal ``[c, n - start]`` and their bucket ids (``floor((v + 1) * bins / 2)``, clamped to
+    ``[0, bins)``; ``bins`` where not valid or not above the diagonal; 16-bit integers). Only the triangle is read, a
+    chunk at a time (a chunk's temporaries stay in the cache), where a pass over the whole ``[n, n]`` per operation
+    would read all of it from memory each time."""
+    n = values.shape[0]
+    dtype = torch.int16 if bins < 2 ** 15 else torch.int32
+    invalid = ~valid
+    on_or_below = torch.ones(rows, rows, dtype=torch.bool, device=values.device).tril_()
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        v = values[start:stop, start:]
+        ids = v.add(1).mul_(bins / 2).to(dtype).clamp_(0, bins - 1).masked_fill_(invalid[start:stop, start:], bins)
+        ids[:, :stop - start].masked_fill_(on_or_below[:stop - start, :stop - start], bins)   # the diagonal block
+        yield v, ids
+
+
+def _bucket_select(values, valid, ranks, bins, rows=128):
+    """:func:`pair_quantiles`' CPU form: ``{rank: the rank-th smallest valid value of the upper triangle}``. One
+    pass counts the values per bucket and locates each rank's bucket; a second picks the values of those buckets
+    (a handful), where ``kthvalue`` finds each rank. Both passes run over the triangle in chunks of ``rows`` rows
+    (:func:`_row_chunks`; at n = 2048, 128 rows of float32 are 1 MB)."""
+    chunks = list(_row_chunks(values, valid, bins, rows))        # the ids kept for the second pass (2 bytes a pair)
+    hist = sum(torch.bincount(ids.flatten(), minlength=bins + 1) for _, ids in chunks)
+    cum = hist[:bins].cumsum(0)
+    where = torch.searchsorted(cum, torch.tensor(ranks), right=True)
+    before = torch.cat([cum.new_zeros(1), cum])[where]                # values in lower buckets
+    where, before = where.tolist(), before.tolist()
+    needed = sorted(set(where))
+    runs = [[needed[0], needed[0]]]                    # the needed buckets as runs of consecutive ids
+    for bucket in needed[1:]:
+        if bucket == runs[-1][1] + 1:
+            runs[-1][1] = bucket
+        else:
+            runs.append([bucket, bucket])
+    picked, picked_ids = [], []
+    for v, ids in chunks:
+        inside = None
+        for first, last in runs:
+            run = (ids == first) if first == last else (ids >= first) & (ids <= last)
+            inside = run if inside is None else inside | run
+        at = inside.nonzero(as_tuple=True)
+        picked.append(v[at])
+        picked_ids.append(ids[at])
+    few, few_ids = torch.cat(picked), torch.cat(picked_ids)
+    cache = {bucket: few[few_ids == bucket] for bucket in needed}
+    return {r: torch.kthvalue(cache[bucket], r - n_below + 1).values
+            for r, bucket, n_below in zip(ranks, where, before)}
 
 
 class CARROT(Loss):

@@ -5,6 +5,8 @@ by label, see :func:`losses.class_blocks`): :func:`fractional_rank_desc` ranks, 
 compares two rankings, ``WEIGHTINGS`` maps a mode to its positive weights, :func:`weight_statistics`
 summarizes them, and :class:`RASCALLoss` holds the cache and puts the parts together.
 """
+from typing import NamedTuple, Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -33,38 +35,69 @@ def fractional_rank_desc(values, valid):
     return torch.empty_like(values).scatter_(-1, order, (first + last) / 2)
 
 
-class CachedSimilarities:
-    """``cache[i].cache[j]`` for every anchor id ``i`` of the batch and every column id ``j`` (batch samples,
-    and the dataset ids of the queue entries), computed **once per pair of ids**.
+class RascalPlan(NamedTuple):
+    """What RASCAL builds on the host from the values of the batch's labels and dataset ids (and of the queue's host
+    copy): index tensors whose shapes depend on those values, on the loss's device (:meth:`RASCALLoss.host_plan`).
+    With it the rest of the loss has no shape that depends on a value and reads nothing back, so ``torch.compile``
+    traces it whole (docs/USAGE.md, "torch.compile").
 
-    Columns that share a dataset id (both views of a sample, a sample that is in the batch and in the
-    queue, ids duplicated by ``DistributedSampler`` padding) have the same cached similarity by definition
-    (``docs/RASCAL.md``, "Ties are exact"); reading them from one entry of one table makes them equal in the code
-    too, whatever the BLAS, the CPU or the matrix shapes. Computing them along two paths (a batch block and
-    a queue block) can differ in the last bit, which breaks a tie and changes the ranks.
+    ``rows``, ``present`` ``[C, K]``: the class blocks of the ``M = V*B`` rows (:func:`losses.class_blocks`).
+    ``sample`` ``[B]``: the dataset ids. The cached-similarity table, ``cache[i].cache[j]`` once per pair of ids:
+    its columns are ``uniq`` ``[U]``, the distinct ids of the batch and the queue; its rows ``uniq[anchor_uniq]``
+    (``[U_b]``), the batch's distinct ids; ``anchor_row`` / ``batch_col`` ``[B]``: each sample's row and column,
+    ``queue_col`` ``[K_queue]`` each queue entry's column. With a queue, ``queue_cols`` ``[C, Q]``: each class
+    block's valid queue entries of its class (``queue_present`` marks padding; ``docs/QUEUE.md``); else ``None``.
+    ``K`` and ``Q`` are at least 2, so that a compiled graph built for the first batch (an empty queue) fits the
+    next ones (the compiler specializes sizes 0 and 1); padding is masked, so it adds exact zeros.
 
-    ``sample_idx`` ``[B]``, ``queue_ids`` ``[K]`` or ``None``, both on the host (which ids are distinct decides
-    the table's shape). ``batch_col[b]`` / ``queue_col[j]``: the table column of batch sample ``b`` / queue
-    entry ``j`` (on the cache's device); ``lookup(anchor_samples, columns)`` reads the table at the anchors' rows
-    (batch sample indices) and the given table columns.
+    Columns that share a dataset id (both views of a sample, a sample in the batch and in the queue, ids
+    duplicated by ``DistributedSampler`` padding) have the same cached similarity by definition (``docs/RASCAL.md``,
+    "Ties are exact"); reading them from one entry of one table makes them equal in the code too, whatever the
+    BLAS, the CPU or the matrix shapes. Computing them along two paths (a batch block and a queue block) can differ
+    in the last bit, which breaks a tie and changes the ranks.
     """
+    rows: torch.Tensor
+    present: torch.Tensor
+    sample: torch.Tensor
+    uniq: torch.Tensor
+    anchor_uniq: torch.Tensor
+    anchor_row: torch.Tensor
+    batch_col: torch.Tensor
+    queue_col: Optional[torch.Tensor] = None
+    queue_cols: Optional[torch.Tensor] = None
+    queue_present: Optional[torch.Tensor] = None
 
-    def __init__(self, cache_feat, sample_idx, queue_ids, dtype):
-        bsz = sample_idx.shape[0]
-        device = cache_feat.device
-        ids = sample_idx if queue_ids is None else torch.cat([sample_idx, queue_ids])
-        uniq, col = torch.unique(ids, return_inverse=True)          # one column per distinct id
-        anchor_uniq, anchor_row = torch.unique(col[:bsz], return_inverse=True)   # one row per batch id
-        uniq, anchor_uniq, col, self.anchor_row = (t.to(device, non_blocking=True)
-                                                   for t in (uniq, anchor_uniq, col, anchor_row))
-        feats = cache_feat[uniq].to(dtype)
-        self.table = feats[anchor_uniq] @ feats.T                     # [U_batch, U]
-        self.batch_col, self.queue_col = col[:bsz], col[bsz:]
 
-    def lookup(self, anchor_samples, columns):
-        """``table[row of anchor_samples[..., None]], columns[..., None, :]]``: anchors ``[C, K]`` (batch
-        sample indices) and columns ``[C, Q]`` give ``[C, K, Q]``."""
-        return self.table[self.anchor_row[anchor_samples][:, :, None], columns[:, None, :]]
+def _padded(rows, present, width=2):
+    """``rows``, ``present`` ``[C, K]`` with at least ``width`` columns (padding: row 0, not present)."""
+    extra = width - rows.shape[1]
+    if extra <= 0:
+        return rows, present
+    return F.pad(rows, (0, extra)), F.pad(present, (0, extra))
+
+
+def build_plan(labels, sample_idx, n_views, device, host_queue=None):
+    """:class:`RascalPlan` from host ``labels`` and ``sample_idx`` ``[B]`` and the queue's host copy
+    (``memory_queue.QueueView.on_host``: labels, ids, validity), copied to ``device`` without waiting."""
+    bsz = labels.shape[0]
+    queue_ids = None if host_queue is None else host_queue.idx.clamp(min=0)
+    ids = sample_idx if queue_ids is None else torch.cat([sample_idx, queue_ids])
+    uniq, col = torch.unique(ids, return_inverse=True)          # one column per distinct id
+    anchor_uniq, anchor_row = torch.unique(col[:bsz], return_inverse=True)   # one row per batch id
+    rows, present, _ = class_blocks(labels.repeat(n_views), 'cpu')
+    rows, present = _padded(rows, present)
+    queue = {}
+    if host_queue is not None:
+        classes = torch.unique(labels)                         # the blocks' classes, in class_blocks' order
+        same = (host_queue.label[None, :] == classes[:, None]) & host_queue.valid[None, :]   # [C, K_queue]
+        width = int(same.sum(1).max())
+        queue_cols = torch.argsort((~same).to(torch.int8), dim=1, stable=True)[:, :width]
+        queue_cols, queue_present = _padded(queue_cols, torch.gather(same, 1, queue_cols))
+        queue = dict(queue_col=col[bsz:], queue_cols=queue_cols, queue_present=queue_present)
+    parts = dict(rows=rows, present=present, sample=sample_idx, uniq=uniq, anchor_uniq=anchor_uniq,
+                 anchor_row=anchor_row, batch_col=col[:bsz], **queue)
+    # contiguous: a compiled graph guards on the strides as well as the sizes
+    return RascalPlan(**{k: v.contiguous().to(device, non_blocking=True) for k, v in parts.items()})
 
 
 class Positives:
@@ -79,36 +112,27 @@ class Positives:
     every positive's cache entries are valid), and ``rank_current`` (the descending fractional ranks of
     ``current`` among the positives).
 
-    ``labels`` and ``sample_idx`` are read on the host (they decide the blocks' shapes; no wait when they come
-    from there), as are the queue's labels, ids and validity (:meth:`memory_queue.QueueView.on_host`).
+    Built from the similarities, the cache and the batch's :class:`RascalPlan` ``plan``; nothing read on the host.
     """
 
-    def __init__(self, sims, labels, n_views, cache_feat, cache_valid, sample_idx, queue=None, queue_sims=None):
-        bsz = labels.shape[0]
-        device = sims.device
-        labels, sample_idx = on_host(labels), on_host(sample_idx)
-        sample_valid = cache_valid[sample_idx.to(device, non_blocking=True)]
-        host_queue = None if queue is None else queue.on_host()
-        queue_ids = None if queue is None else host_queue.idx.clamp(min=0)
-        table = CachedSimilarities(cache_feat, sample_idx, queue_ids, sims.dtype)
-        self.rows, self.present, _ = class_blocks(labels.repeat(n_views), device)
+    def __init__(self, sims, plan, cache_feat, cache_valid, queue=None, queue_sims=None):
+        bsz = plan.sample.shape[0]
+        sample_valid = cache_valid[plan.sample]
+        feats = cache_feat[plan.uniq].to(sims.dtype)
+        table = feats[plan.anchor_uniq] @ feats.T                    # [U_b, U]: cache[i].cache[j], once per pair
+        self.rows, self.present = plan.rows, plan.present
         self.pairs = block_pairs(self.present)
         self.current = sims[self.rows[:, :, None], self.rows[:, None, :]]
         sample_of = self.rows % bsz                                # view-major rows: r = v * B + b
-        self.cached = table.lookup(sample_of, table.batch_col[sample_of])
+        anchor_rows = plan.anchor_row[sample_of][:, :, None]        # [C, K, 1]: the anchors' table rows
+        self.cached = table[anchor_rows, plan.batch_col[sample_of][:, None, :]]
         anchor_valid = sample_valid[sample_of]
         column_valid = anchor_valid                                # the cache entries of the columns' samples
-        self.queue_cols = self.queue_present = None
+        self.queue_cols, self.queue_present = plan.queue_cols, plan.queue_present
         if queue is not None:
-            classes = torch.unique(labels)                         # the blocks' classes, in class_blocks' order
-            same = (host_queue.label[None, :] == classes[:, None]) & host_queue.valid[None, :]   # [C, K_queue]
-            width = int(same.sum(1).max())
-            queue_cols = torch.argsort((~same).to(torch.int8), dim=1, stable=True)[:, :width]
-            self.queue_present = torch.gather(same, 1, queue_cols).to(device, non_blocking=True)
-            self.queue_cols = queue_cols.to(device, non_blocking=True)
             self.pairs = torch.cat([self.pairs, self.present[:, :, None] & self.queue_present[:, None, :]], -1)
             self.current = torch.cat([self.current, queue_sims[self.rows[:, :, None], self.queue_cols[:, None, :]]], -1)
-            self.cached = torch.cat([self.cached, table.lookup(sample_of, table.queue_col[self.queue_cols])], -1)
+            self.cached = torch.cat([self.cached, table[anchor_rows, plan.queue_col[self.queue_cols][:, None, :]]], -1)
             column_valid = torch.cat([anchor_valid, (cache_valid[queue.idx.clamp(min=0)] & (queue.idx >= 0))[
                 self.queue_cols]], -1)
         self.num_pos = self.pairs.sum(-1)
@@ -243,22 +267,34 @@ class RASCALLoss(Loss):
                              f'but this run needs {tuple(self.cache_feat.shape)}: the dataset or --feat_dim differs')
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def _check_inputs(self, features, labels, sample_idx):
+    def host_plan(self, labels, sample_idx, n_views, queue=None):
+        """The batch's :class:`RascalPlan`, built on the host from ``labels`` and ``sample_idx`` ``[B]`` (read there:
+        no wait when they are host tensors, as a loader yields them) and the queue's host copy; checks them."""
+        labels, sample_idx = on_host(labels.reshape(-1)), on_host(sample_idx.reshape(-1))
+        if labels.shape[0] != sample_idx.shape[0]:
+            raise ValueError(f'labels ({labels.shape[0]}) and sample_idx ({sample_idx.shape[0]}) '
+                             'must have one entry per sample')
+        if bool(((sample_idx < 0) | (sample_idx >= self.num_samples)).any()):
+            raise ValueError(f'sample_idx must lie in [0, {self.num_samples})')
+        return build_plan(labels, sample_idx, n_views, self.cache_feat.device,
+                          None if queue is None else queue.on_host())
+
+    def _flatten(self, features, labels, sample_idx, queue, plan):
+        """The view-major rows ``[M, D]``, ``V`` and the plan (built here when not given)."""
         contrast, bsz, n_views = flatten_views(features)
         if contrast.shape[1] != self.feat_dim:
             raise ValueError(f'features have {contrast.shape[1]} dims, the cache has feat_dim={self.feat_dim}')
-        labels, sample_idx = on_host(labels.reshape(-1)), on_host(sample_idx.reshape(-1))   # read on the host
-        if labels.shape[0] != bsz or sample_idx.shape[0] != bsz:
-            raise ValueError(f'labels ({labels.shape[0]}) and sample_idx ({sample_idx.shape[0]}) '
-                             f'must have one entry per sample ({bsz})')
-        if bool(((sample_idx < 0) | (sample_idx >= self.num_samples)).any()):
-            raise ValueError(f'sample_idx must lie in [0, {self.num_samples})')
-        return contrast, labels, sample_idx, n_views
+        plan = self.host_plan(labels, sample_idx, n_views, queue) if plan is None else plan
+        if plan.sample.shape[0] != bsz:
+            raise ValueError(f'labels and sample_idx ({plan.sample.shape[0]}) must have one entry per sample ({bsz})')
+        return contrast, n_views, plan
 
-    def forward(self, features, labels, sample_idx, queue=None):
+    def forward(self, features, labels, sample_idx, queue=None, plan=None):
         """``queue``: a :class:`memory_queue.QueueView` whose valid entries join every denominator and,
-        with the anchor's label, its positives (``docs/QUEUE.md``); ``None``: no queue."""
-        contrast, labels, sample_idx, n_views = self._check_inputs(features, labels, sample_idx)
+        with the anchor's label, its positives (``docs/QUEUE.md``); ``None``: no queue. ``plan``: the batch's
+        :class:`RascalPlan` (:meth:`host_plan` of the same arguments) when built already; ``labels`` and
+        ``sample_idx`` are then not read (the training step builds it before its compiled loss step)."""
+        contrast, n_views, plan = self._flatten(features, labels, sample_idx, queue, plan)
         with torch.autocast(device_type=features.device.type, enabled=False):
             z = F.normalize(upcast(contrast), dim=1)
             n_rows = z.shape[0]
@@ -279,8 +315,7 @@ class RASCALLoss(Loss):
                 log_denom = sims.new_zeros(1)
             with torch.no_grad():
                 pos, weights, stats, drift_hist = self.positive_weights(
-                    sims.detach(), labels, sample_idx, n_views, queue,
-                    None if queue_sims is None else queue_sims.detach())
+                    sims.detach(), plan, queue, None if queue_sims is None else queue_sims.detach())
             # sum_c W[r,c] log_prob[r,c] = z_r.(sum_c W[r,c] z_c)/tau - (sum_c W[r,c]) log_denom[r], per class block
             zb = z[pos.rows]                                 # [C, K, D]
             columns = zb if queue is None else torch.cat([zb, q_feat[pos.queue_cols]], 1)
@@ -288,15 +323,15 @@ class RASCALLoss(Loss):
             per_row = (pos_term - weights.sum(-1) * log_denom[pos.rows]) * pos.present
             loss = -(self.temperature / self.base_temperature) * per_row.sum() / n_rows
             with torch.no_grad():
-                self._update_cache(z.detach().reshape(n_views, -1, z.shape[1]).mean(0), sample_idx)
+                self._update_cache(z.detach().reshape(n_views, -1, z.shape[1]).mean(0), plan)
         self.last_stats, self.last_hists = stats, {'rank_drift': drift_hist}
         return loss
 
-    def positive_weights(self, sims, labels, sample_idx, n_views, queue=None, queue_sims=None):
+    def positive_weights(self, sims, plan, queue=None, queue_sims=None):
         """``(Positives, W per class block [C, K, K + Q], statistics, drift histogram)`` from the detached
         similarities ``sims`` ``[M, M]`` (and ``queue_sims`` ``[M, K_queue]``) and the cache as it is
         (before this step's update)."""
-        pos = Positives(sims, labels, n_views, self.cache_feat, self.cache_valid, sample_idx, queue, queue_sims)
+        pos = Positives(sims, plan, self.cache_feat, self.cache_valid, queue, queue_sims)
         drift = rank_drift(pos)
         weights, ranked, drift_rows = WEIGHTINGS[self.weighting](pos, drift)
         stats, drift_hist = weight_statistics(pos, weights, ranked, drift, drift_rows, sims.shape[0])
@@ -306,10 +341,10 @@ class RASCALLoss(Loss):
     def weight_matrix(self, features, labels, sample_idx, queue=None):
         """The dense weights ``W`` the next call would use (cache untouched), ``[M, M]``, or with a queue
         ``[M, M + K_queue]`` (queue entry ``j`` in column ``M + j``); for tests and analysis."""
-        contrast, labels, sample_idx, n_views = self._check_inputs(features, labels, sample_idx)
+        contrast, _, plan = self._flatten(features, labels, sample_idx, queue, None)
         z = F.normalize(upcast(contrast), dim=1)
         queue_sims = None if queue is None else z @ queue.feat.to(z.dtype).T
-        pos, weights, _, _ = self.positive_weights(z @ z.T, labels, sample_idx, n_views, queue, queue_sims)
+        pos, weights, _, _ = self.positive_weights(z @ z.T, plan, queue, queue_sims)
         n_cols = z.shape[0] + (0 if queue is None else queue.feat.shape[0])
         dense = torch.zeros(z.shape[0], n_cols, dtype=z.dtype, device=z.device)
         rows, columns, present = pos.rows, pos.rows, pos.present
@@ -320,13 +355,11 @@ class RASCALLoss(Loss):
         dense[rows[:, :, None].expand_as(pair)[pair], columns[:, None, :].expand_as(pair)[pair]] = weights[pair]
         return dense
 
-    def _update_cache(self, mean_views, sample_idx):
-        """cache[i] = normalize(mean of the view-means of every occurrence of i); deterministic. ``sample_idx``
-        on the host (which ids repeat decides the shapes)."""
-        uniq, inverse = torch.unique(on_host(sample_idx), return_inverse=True)
-        device = mean_views.device
-        uniq, inverse = uniq.to(device, non_blocking=True), inverse.to(device, non_blocking=True)
-        onehot = (inverse[None, :] == torch.arange(len(uniq), device=device)[:, None])
+    def _update_cache(self, mean_views, plan):
+        """cache[i] = normalize(mean of the view-means of every occurrence of i); deterministic. The batch's
+        distinct ids and each sample's position among them come from the ``plan`` (the table's rows)."""
+        uniq, inverse = plan.uniq[plan.anchor_uniq], plan.anchor_row
+        onehot = (inverse[None, :] == torch.arange(uniq.shape[0], device=uniq.device)[:, None])
         summed = onehot.to(mean_views.dtype) @ mean_views          # a matmul, not an atomic scatter
         self.cache_feat[uniq] = F.normalize(summed, dim=1).to(self.cache_feat.dtype)
         self.cache_valid.index_fill_(0, uniq, True)       # not `[uniq] = True`: a host scalar copied (a wait)

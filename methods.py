@@ -186,7 +186,7 @@ register(Method('RASCAL', _build_rascal, help='rank-agreement weighted SupCon (d
                 flags={'--rascal_weighting': dict(choices=list(WEIGHTINGS), default='agreement',
                                                   help='RASCAL positive weights (default agreement; '
                                                        'current/uniform are ablations)')},
-                run_name=_rascal_name, stats_prefix='rascal/'))
+                run_name=_rascal_name, stats_prefix='rascal/', compiles=True))
 
 
 

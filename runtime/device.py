@@ -174,6 +174,16 @@ def compile_function(enabled, fn, backend='inductor'):
     return torch.compile(fn, backend=backend)
 
 
+def dynamic_sizes(tensors):
+    """Mark every size of ``tensors`` (an iterable; ``None`` entries skipped) dynamic for the compiler
+    (``torch._dynamo.maybe_mark_dynamic``): a compiled graph then takes other sizes without compiling again (a loss's
+    host plan, whose class blocks differ from batch to batch). Nothing happens outside a compiled call."""
+    for t in tensors:
+        if t is not None:
+            for dim in range(t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
 def keep_compiled_shapes():
     """After the first training step of a compiled run: a call the compiled graphs do not fit (an epoch's last,
     smaller batch; an evaluation in eval mode or with another batch size) runs eagerly instead of compiling again

@@ -72,6 +72,24 @@ def test_the_cpu_form_finds_every_bucket_it_needs(bins):
                                    atol=1e-9)
 
 
+@pytest.mark.parametrize('rows', [1, 7, 40, 128])
+def test_the_cpu_form_reads_the_triangle_in_chunks_of_any_size(rows):
+    """The CPU form reads the upper triangle a chunk of ``rows`` rows at a time (the last chunk shorter, the diagonal
+    block inside each chunk): every chunk size picks the order statistics of a sort of the triangle's valid values.
+    Power: the diagonal and the lower triangle hold values below all the others, which a chunk that read them would
+    pick as its smallest."""
+    from losses_carrot import _bucket_select
+    z = F.normalize(rand(40, 4, 3, dtype=torch.float32), dim=1)
+    S = (z @ z.T).clamp(-0.9, 1)
+    S = torch.where(torch.ones_like(S, dtype=torch.bool).triu(1), S, torch.full_like(S, -1.0))
+    y = torch.randint(0, 4, (40,), generator=torch.Generator().manual_seed(3))
+    neg = y[:, None] != y[None, :]
+    want = S[neg.triu(1)].sort().values
+    ranks = [0, 1, 57, 300, want.shape[0] - 1]
+    got = _bucket_select(S, neg, ranks, 64, rows)
+    assert [float(got[r]) for r in ranks] == [float(want[r]) for r in ranks]
+
+
 @pytest.mark.parametrize('q', [0.0, 0.1, 0.37, 0.9, 1.0])
 def test_pair_quantile_forms_select_the_same_values(q):
     """The CPU form (histogram, then kthvalue in a bucket) and the accelerator form (topk on the whole triangle from

@@ -71,12 +71,14 @@ class MemoryQueue(nn.Module):
                           int(self.ptr))
         return self._host
 
-    def view(self):
-        host = None
-        if self._host is not None:
-            label, idx, valid, _ = self._host
-            host = QueueView(self.feat, label, idx, valid)
-        return QueueView(self.feat, self.label, self.idx, self.valid, host)
+    def view(self, host=True):
+        """What a loss reads (:class:`QueueView`); ``host=False``: without the host copy (a compiled loss step, whose
+        loss has its host plan already, reads the buffers alone: the graph does not depend on whether the copy is
+        there)."""
+        if not host or self._host is None:
+            return QueueView(self.feat, self.label, self.idx, self.valid)
+        label, idx, valid, _ = self._host
+        return QueueView(self.feat, self.label, self.idx, self.valid, QueueView(self.feat, label, idx, valid))
 
     @torch.no_grad()
     def enqueue(self, keys, labels, ids):

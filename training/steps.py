@@ -22,7 +22,7 @@ from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss
 from methods import METHODS, Method, get_method
 from networks import SupCEResNet, SupConResNet
-from runtime.device import Runtime, compile_function, compile_modules
+from runtime.device import Runtime, compile_function, compile_modules, dynamic_sizes
 from runtime.distributed import (
     all_reduce_grads,
     all_reduce_sum,
@@ -159,8 +159,10 @@ class Pretraining:
         queue_stats = self.queue.statistics(self._global_labels(labels)) if self.queue is not None else {}
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
 
+        plan = self.host_plan(labels, ids, n_views)
+
         def loss_from(h_enc, h_proj):
-            loss, stats, kept['features'] = self.loss_step(h_enc, h_proj, labels, ids, n_views, scale)
+            loss, stats, kept['features'] = self.loss_step(h_enc, h_proj, labels, ids, n_views, scale, plan)
             return loss, stats
         if self.chunk_size:
             loss, stats = cached_step(runtime, model, model.head, views, self.chunk_size, loss_from, backward)
@@ -180,13 +182,24 @@ class Pretraining:
     def _global_labels(self, labels):
         return gather_labels(labels, self.runtime.device) if self.method.uses_labels else None
 
-    def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views, scale=None):
+    def host_plan(self, labels, ids, n_views):
+        """The loss's host plan of the (global) batch (``losses.Loss.host_plan``: built before the loss step, out of
+        its compiled graph), its sizes marked dynamic for the compiler: one graph fits every batch."""
+        global_ids = gather_labels(ids, self.runtime.device) if self.method.uses_ids else None
+        plan = self.criterion.host_plan(self._global_labels(labels), global_ids, n_views,
+                                        self.queue.view() if self.queue is not None else None)
+        if plan is not None and self.loss_step is not self.loss_from_parts:
+            dynamic_sizes(plan)
+        return plan
+
+    def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views, scale=None, plan=None):
         """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` from the encoder
         output ``h_enc`` and the projection ``h_proj`` (``[V*b, .]``, view-major rows ``v*b + j``). Under
         torchrun the loss sees the global batch (samples in rank order); the queue is read as it was before
         this step. The projection is normalized in float32 whatever the autocast dtype (unit features, queue keys
         and RASCAL's similarities are not rounded to 16 bits; an all-zero row stays finite). ``scale``: the loss
-        scale of the backward (``--amp fp16``), for CARROT's balance."""
+        scale of the backward (``--amp fp16``), for CARROT's balance; ``plan``: the loss's host plan
+        (:meth:`host_plan`), or ``None``."""
         method = self.method
         bsz = labels.shape[0]
         features = F.normalize(h_proj.float(), dim=1)
@@ -195,7 +208,9 @@ class Pretraining:
         args = (features, self._global_labels(labels))
         if method.uses_ids:
             args += (gather_labels(ids, self.runtime.device),)
-        kwargs = {'queue': self.queue.view()} if self.queue is not None else {}
+        kwargs = {'queue': self.queue.view(host=plan is None)} if self.queue is not None else {}
+        if plan is not None:
+            kwargs['plan'] = plan
         if method.uses_encoder_features:       # the global batch's rows, view-major as the features
             per_sample = torch.stack(torch.split(h_enc, bsz, dim=0), dim=1)      # [bsz, n_views, E]
             kwargs['h_enc'] = flatten_views(gather_with_grad(per_sample))[0]

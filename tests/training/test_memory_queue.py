@@ -195,7 +195,7 @@ def test_positives_sharing_an_id_tie_on_every_machine(dtype, other_machine, monk
     crit.cache_valid.copy_(cache_valid)
     z = F.normalize(feats, dim=-1).transpose(0, 1).reshape(16, 8)
     from losses_rascal import Positives
-    pos = Positives(z @ z.T, labels, 2, crit.cache_feat, crit.cache_valid, sample_idx, queue,
+    pos = Positives(z @ z.T, crit.host_plan(labels, sample_idx, 2, queue), crit.cache_feat, crit.cache_valid, queue,
                     z @ queue.feat.to(dtype).T)
     col_ids = torch.cat([sample_idx.repeat(2)[pos.rows], queue.idx[pos.queue_cols]], 1)     # [C, K + Q]
     same_id = (col_ids[:, :, None] == col_ids[:, None, :]) & pos.pairs.any(1)[:, :, None] & pos.pairs.any(1)[:, None, :]
