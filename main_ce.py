@@ -44,7 +44,8 @@ def main(argv=None):
     parts = evaluated_parts(opt.val_split, opt.eval_split)      # the held-out part first: it selects the epoch
     ce = CETraining(opt, n_cls, class_counts(train_set), eval_loaders=evaluation_loaders(opt, parts),
                     eval_counts=counts)       # model, loss and CARROT; evaluated after every epoch
-    optim = Optimization(optimizer_for(opt, ce.model.parameters()), ce.runtime.grad_scaler(), call_hook(Schedule, opt))
+    optim = Optimization(optimizer_for(opt, ce.model.parameters(), fused=opt.compile), ce.runtime.grad_scaler(),
+                         call_hook(Schedule, opt))
     print(f'run folder: {opt.run_folder}')
     select = f'{parts[0]}/acc'
     last, best = fit(opt, ce, optim, train_loader, select=select)

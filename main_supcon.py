@@ -29,7 +29,8 @@ def main(argv=None):
     save_label_noise(opt.run_folder, train_set)
     pre = Pretraining(opt, len(train_set), class_counts=class_counts(train_set),     # model, loss, CARROT, queue, ...
                       monitor=knn_monitor(opt) if opt.knn_every else None)
-    optim = Optimization(optimizer_for(opt, pre.parameters()), pre.runtime.grad_scaler(), call_hook(Schedule, opt))
+    optim = Optimization(optimizer_for(opt, pre.parameters(), fused=opt.compile), pre.runtime.grad_scaler(),
+                         call_hook(Schedule, opt))
     print(f'run folder: {opt.run_folder}')
     fit(opt, pre, optim, loader)
     print(f'checkpoint: {opt.run_folder}/last.pth')

@@ -10,8 +10,10 @@ on 50,000 synthetic CIFAR-shaped images (32x32 uint8, 100 classes), for each mod
   per-image PIL two-crop augmentation in DataLoader workers (pinned memory), no channels-last;
 - ``ours <method>``: ``steps.Pretraining`` for SupCon, RASCAL and SupCon + CARROT with ``--augment device``,
   ``--amp bf16`` and ``--channels_last``, and SupCon with ``--deterministic`` (its cost); with ``--compile`` also
-  ``ours <method> compiled``, each method with the scripts' ``--compile`` (the encoder, the heads, and the loss step
-  where the method traces it whole: SupCon's; docs/USAGE.md, "torch.compile");
+  ``ours <method> compiled``, each method with the scripts' ``--compile`` (the encoder and the heads; where the
+  method's loss traces whole, SupCon's and RASCAL's, the step's forward as one graph with the augmentation; the fused
+  optimizer update; ``--compile_mode``: inductor's mode, reduce-overhead for CUDA graphs; docs/USAGE.md,
+  "torch.compile");
 - ``bound``: the same model's forward, backward and SGD step on images already augmented on the GPU, with no
   loss beyond a sum (``bound compiled``, with ``--compile``: the same under ``torch.compile``; a compiled row's
   ratio is taken over it, never over the uncompiled bound);
@@ -42,7 +44,7 @@ from data import TwoCropTransform, build_loader, build_transform  # noqa: E402
 from datasets_indexed import IndexedDataset  # noqa: E402
 from engine.run import setup  # noqa: E402
 from networks import SupConResNet  # noqa: E402
-from runtime.device import Runtime  # noqa: E402
+from runtime.device import COMPILE_MODES, Runtime  # noqa: E402
 from training.loop import Optimization, train_loop  # noqa: E402
 from training.schedule import Schedule, set_optimizer  # noqa: E402
 from training.steps import Pretraining  # noqa: E402
@@ -91,8 +93,8 @@ def timed(opt, loader, model, step, steps, warmup, profile=False):
     """Images/s (both views) of ``steps`` training steps through ``loop.train_loop`` after ``warmup`` steps.
     ``profile``: instead, ``(images/s, table)`` with ``torch.profiler``'s table of the top 15 operators by device
     time (CPU time on a CPU) over the timed steps (:func:`profile_table`)."""
-    optim = Optimization(set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay),
-                         call_hook(Runtime, opt).grad_scaler(), call_hook(Schedule, opt))
+    update = set_optimizer(model.parameters(), opt.learning_rate, opt.momentum, opt.weight_decay, fused=opt.compile)
+    optim = Optimization(update, call_hook(Runtime, opt).grad_scaler(), call_hook(Schedule, opt))
     sync = torch.cuda.synchronize if opt.device.type == 'cuda' else (lambda: None)
     train_loop(Limited(loader, warmup), optim, 1, step, 'warm-up', opt.print_freq)
     sync()
@@ -142,11 +144,13 @@ def baseline(model_name, bsz, device, dataset, steps, warmup, workers):
     return timed(opt, loader, model, step, steps, warmup)
 
 
-def ours(model_name, bsz, device, dataset, steps, warmup, method_flags, compile_backend=None, profile=False):
+def ours(model_name, bsz, device, dataset, steps, warmup, method_flags, compile_backend=None, profile=False,
+         compile_mode='default'):
     """``steps.Pretraining`` with device augmentation, bf16 and channels-last; ``compile_backend``: with the
-    scripts' ``--compile`` on that backend (``profile``: :func:`timed`'s)."""
+    scripts' ``--compile`` on that backend and ``compile_mode`` (``profile``: :func:`timed`'s)."""
     amp = ['--amp', 'bf16'] if device != 'cpu' or torch.cpu._is_avx512_bf16_supported() else []
-    compiled = ['--compile', '--compile_backend', compile_backend] if compile_backend else []
+    compiled = ['--compile', '--compile_backend', compile_backend, '--compile_mode', compile_mode] \
+        if compile_backend else []
     torch._dynamo.reset()       # each row compiles its own graphs, as its own process would (never another row's)
     opt = options(model_name, bsz, device, ['--augment', 'device', '--channels_last', '--num_workers', '0',
                                             '--temp', '0.1', *amp, *method_flags, *compiled])
@@ -193,10 +197,12 @@ def kornia_ours(model_name, bsz, device, dataset, steps, warmup):
     return timed(opt, KorniaLoader(), pre.model, step, steps, warmup)
 
 
-def bound(model_name, bsz, device, steps, warmup, compile_backend=None):
+def bound(model_name, bsz, device, steps, warmup, compile_backend=None, compile_mode='default'):
     """Forward + backward + SGD of the model on images already on the device, loss = a sum (no augmentation);
-    ``compile_backend``: the model under ``torch.compile`` on that backend (the bound of the compiled rows)."""
+    ``compile_backend``: the model under ``torch.compile`` on that backend and ``compile_mode``, with the fused
+    update (the bound of the compiled rows)."""
     opt = options(model_name, bsz, device, ['--channels_last', '--amp', 'bf16'] if device != 'cpu' else [])
+    opt.compile = bool(compile_backend)            # the fused update of the compiled rows (timed)
     images = torch.randn(2 * bsz, 3, 32, 32, device=opt.device)
     if opt.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
@@ -205,7 +211,8 @@ def bound(model_name, bsz, device, steps, warmup, compile_backend=None):
         model = model.to(memory_format=torch.channels_last)
     runtime = call_hook(Runtime, opt)
     torch._dynamo.reset()
-    forward = torch.compile(model, backend=compile_backend) if compile_backend else model
+    mode = None if compile_mode == 'default' else compile_mode
+    forward = torch.compile(model, backend=compile_backend, mode=mode) if compile_backend else model
 
     def step(batch, backward):
         with runtime.autocast():
@@ -251,6 +258,8 @@ def main(argv=None):
     p.add_argument('--compile', action='store_true', help="also each method with the scripts' --compile")
     p.add_argument('--compile_backend', default='inductor',
                    help='the compiled rows\' torch.compile backend (aot_eager: the same graphs in seconds on a CPU)')
+    p.add_argument('--compile_mode', default='default', choices=COMPILE_MODES,
+                   help="the compiled rows' inductor mode (reduce-overhead: CUDA graphs)")
     p.add_argument('--smoke', action='store_true', help='resnet_tiny, batch 16, 256 images, 2 steps: that it runs')
     p.add_argument('--profile', choices=['missed', 'always', 'never'], default='missed',
                    help='a torch.profiler table of ours for each method whose target is missed (always: every one)')
@@ -272,10 +281,11 @@ def main(argv=None):
             for method, flags in METHOD_FLAGS.items():
                 rates[f'ours {method}'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags)
             if args.compile:
-                rates['bound compiled'] = bound(model_name, bsz, dev, args.steps, args.warmup, args.compile_backend)
+                rates['bound compiled'] = bound(model_name, bsz, dev, args.steps, args.warmup, args.compile_backend,
+                                                args.compile_mode)
                 for method, flags in METHOD_FLAGS.items():
                     rates[f'ours {method} compiled'] = ours(model_name, bsz, dev, data, args.steps, args.warmup, flags,
-                                                            args.compile_backend)
+                                                            args.compile_backend, compile_mode=args.compile_mode)
             rates['ours SupCon deterministic'] = ours(model_name, bsz, dev, data, args.steps, args.warmup,
                                                       ['--deterministic'])
             torch.use_deterministic_algorithms(False)         # --deterministic is process-wide: off again

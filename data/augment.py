@@ -18,6 +18,7 @@ import torch
 
 from datasets_indexed import IndexedDataset
 from runtime.rng import register_generator
+from training.loop import PendingViews
 
 GRAY = (0.2989, 0.587, 0.114)          # torchvision's RGB -> luma weights for tensors
 
@@ -147,10 +148,14 @@ def adjust_hue(images, shift):
     h = is_g * 2 + is_b * 4 + numerator / delta[:, 0].clamp(min=torch.finfo(images.dtype).tiny)
     u = (h + 6 * shift[:, None, None])[:, None]
     u = u - 6 * torch.floor(u / 6)
-    t = torch.empty_like(images)
-    torch.minimum(u - 1, 5 - u, out=t[:, 0:1])
-    torch.maximum(1 - u, torch.minimum(u - 3, 7 - u), out=t[:, 1:2])
-    torch.maximum(torch.minimum(u + 1, 3 - u), u - 5, out=t[:, 2:3])
+    if torch.compiler.is_compiling():     # the same numbers; the compiler takes no out= into a slice
+        t = torch.cat([torch.minimum(u - 1, 5 - u), torch.maximum(1 - u, torch.minimum(u - 3, 7 - u)),
+                       torch.maximum(torch.minimum(u + 1, 3 - u), u - 5)], 1)
+    else:
+        t = torch.empty_like(images)
+        torch.minimum(u - 1, 5 - u, out=t[:, 0:1])
+        torch.maximum(1 - u, torch.minimum(u - 3, 7 - u), out=t[:, 1:2])
+        torch.maximum(torch.minimum(u + 1, 3 - u), u - 5, out=t[:, 2:3])
     return (maxc - delta * t.clamp_(0, 1)).clamp_(0, 1)
 
 
@@ -392,6 +397,13 @@ class BatchAugment:
             x = grayscale(x, params['gray'], sync_free)
         return normalize(x, self.mean, self.std)
 
+    def apply_in_graph(self, images, params):
+        """:meth:`apply` in its form without host reads on every device (on a GPU the same numbers; on a CPU within
+        float rounding of its own form), for a compiled step (``training.loop.PendingViews``)."""
+        if self.kind == 'eval':
+            return self.apply(images, params)
+        return self._apply(images, params, sync_free=True)
+
     def __call__(self, images):
         return self.apply(images, self.sample(images.shape[0], images.shape[-2], images.shape[-1], images.device))
 
@@ -432,6 +444,7 @@ class DeviceLoader:
         self.augment = BatchAugment(size, *mean_std, style, kind,
                                     augment_generator(device, seed, rank) if self.train else None)
         self.sampler = self                      # loop.train_loop calls loader.sampler.set_epoch(epoch)
+        self.pending = False                     # training.loop.pend_augmentation: yield PendingViews
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -466,7 +479,11 @@ class DeviceLoader:
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             idx = order[start:start + self.batch_size]
             x = self.images[on_device[start:start + self.batch_size]]
-            if self.n_views:                     # all views in one call: bigger groups, fewer operations
+            if self.pending and self.train:      # drawn here, applied in the step's compiled graph
+                x = x.repeat(self.n_views or 1, 1, 1, 1)
+                params = self.augment.sample(x.shape[0], x.shape[-2], x.shape[-1], x.device)
+                images = PendingViews(x, params, self.augment.apply_in_graph, self.n_views or 1, self.channels_last)
+            elif self.n_views:                   # all views in one call: bigger groups, fewer operations
                 images = list(self._augmented(x.repeat(self.n_views, 1, 1, 1)).chunk(self.n_views))
             else:
                 images = self._augmented(x)

@@ -150,28 +150,36 @@ def describe_path(device, augment, amp, channels_last, compile=False):
 _compiled = False              # whether this process compiled modules (keep_compiled_shapes acts only then)
 
 
-def compile_modules(enabled, *modules, backend='inductor'):
-    """``--compile``: ``torch.compile`` each module in place (``nn.Module.compile``: its parameter names, and so the
-    checkpoints, stay those of the plain module, which load with or without the flag). Called once a module's copies
-    are made (the key encoder is a copy of the uncompiled model). The compiler's stance is the default until the
+@dataclass(frozen=True)
+class Compiler:
+    """``--compile``, ``--compile_backend`` and ``--compile_mode``: how a trainer compiles its modules and its step.
+    Built from the options once (``flags.call_hook(Compiler, opt)``). The compiler's stance is the default until the
     first training step has compiled its graphs (:func:`keep_compiled_shapes`)."""
-    global _compiled
-    if enabled:
+    compile: bool = False
+    compile_backend: str = 'inductor'
+    compile_mode: str = 'default'
+
+    def _start(self):
+        global _compiled
         torch.compiler.set_stance('default')
-        for module in modules:
-            module.compile(backend=backend)
         _compiled = True
+        return dict(backend=self.compile_backend, mode=None if self.compile_mode == 'default' else self.compile_mode)
 
+    def modules(self, *modules):
+        """``torch.compile`` each module in place (``nn.Module.compile``: its parameter names, and so the
+        checkpoints, stay those of the plain module, which load with or without the flag). Called once a module's
+        copies are made (the key encoder is a copy of the uncompiled model)."""
+        if self.compile:
+            kwargs = self._start()
+            for module in modules:
+                module.compile(**kwargs)
 
-def compile_function(enabled, fn, backend='inductor'):
-    """``--compile`` for a function of the step (the loss step, ``Method.compiles``): ``torch.compile(fn)``, its
-    backward compiled with it; ``fn`` itself when not ``enabled``. The stance as for :func:`compile_modules`."""
-    global _compiled
-    if not enabled:
-        return fn
-    torch.compiler.set_stance('default')
-    _compiled = True
-    return torch.compile(fn, backend=backend)
+    def function(self, fn, enabled=True):
+        """``torch.compile(fn)`` (a step's forward and loss: its backward compiled with it), or ``fn`` itself
+        without ``--compile`` or when not ``enabled``."""
+        if not (self.compile and enabled):
+            return fn
+        return torch.compile(fn, **self._start())
 
 
 def dynamic_sizes(tensors):
@@ -194,8 +202,14 @@ def keep_compiled_shapes():
         torch.compiler.set_stance('eager_on_recompile')
 
 
-def _check_compile(compile, compile_backend, given):
+COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
+
+
+def _check_compile(compile, compile_backend, compile_mode, given):
     check(compile != 'auto', '--compile takes on or off, not auto')
+    check(compile_mode == 'default' or compile_backend == 'inductor',
+          f'--compile_mode {compile_mode} is an inductor mode: leave --compile_backend {compile_backend} out')
+    check(compile or 'compile_mode' not in given or 'compile' in given, '--compile_mode needs --compile')
     if compile_backend != 'inductor':          # (listing the backends imports the compiler: only when asked)
         backends = torch.compiler.list_backends(exclude_tags=())
         check(compile_backend in backends, f'--compile_backend {compile_backend} is not a torch.compile backend: '
@@ -206,16 +220,20 @@ def _check_compile(compile, compile_backend, given):
 
 
 COMPILE = Feature(
-    'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile', 'compile_backend'),
+    'torch.compile', scripts=('supcon', 'ce'), resume_may_change=('compile', 'compile_backend', 'compile_mode'),
     flags={'--compile': dict(type=on_off_auto, nargs='?', const=True, default=False,
-                             help='torch.compile the encoder, heads and (where it traces whole) the loss step: on (the '
-                                  'flag alone) or off (the first steps '
-                                  'compile; checkpoints load with or without it; the CIFAR recipes turn it on, '
-                                  '--compile off turns it off again)'),
+                             help='torch.compile the encoder and heads, and where the loss traces whole the step\'s '
+                                  'forward as one graph (augmentation, model, loss), with a fused optimizer update: on '
+                                  '(the flag alone) or off (the first steps compile; checkpoints load with or without '
+                                  'it; the CIFAR recipes turn it on, --compile off turns it off again)'),
            '--compile_backend': dict(type=str, default='inductor',
                                      help="torch.compile's backend: inductor (generates kernels), or aot_eager / "
                                           'eager (the same graphs without code generation: to tell a compiler '
-                                          'problem from a model one, and compile in seconds on a CPU)')},
+                                          'problem from a model one, and compile in seconds on a CPU)'),
+           '--compile_mode': dict(choices=COMPILE_MODES, default='default',
+                                  help="inductor's mode: default; reduce-overhead (CUDA graphs: each compiled graph "
+                                       'replayed as one launch; for steps of fixed shapes, docs/USAGE.md); '
+                                       'max-autotune (also tunes its kernels; compiles for longer)')},
     check=_check_compile)
 
 

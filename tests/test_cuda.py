@@ -179,12 +179,32 @@ def test_training_step_has_no_host_synchronization(mode, chunk):
     assert counter.total == expected, dict(counter.counts)
 
 
+@pytest.mark.parametrize('mode', ['SupCon', 'RASCAL', 'queue'])
+def test_the_compiled_step_has_no_host_synchronization(mode):
+    """``--compile`` (inductor): the step's forward and loss as one graph and its backward, counted as the eager step
+    is (:func:`test_training_step_has_no_host_synchronization`), after two steps that compile and fill the caches:
+    no wait beyond the eager step's by design (RASCAL's plan is built on the host, outside the graph)."""
+    from benchmarks.loop_syncs import CudaSyncCounter
+    views, labels, ids = step_batch()
+    training = build_training([*SYNC_MODES[mode], '--compile'], device='cuda', train=True)
+    views = [v.pin_memory() for v in views]
+    for _ in range(2):
+        training.model.zero_grad()
+        training.step(views, labels, ids)
+    training.model.zero_grad()
+    with CudaSyncCounter() as counter:
+        training.step(views, labels, ids)
+    assert counter.total == sum(READS_BY_DESIGN.get(mode, {}).values()), dict(counter.counts)
+
+
 @pytest.mark.parametrize('argv, ce', [([], False), (['--queue_size', '512', '--amp', 'bf16'], False),
-                                      (['--method', 'SimCLR'], False), ([], True)],
-                         ids=['supcon', 'supcon-queue-bf16', 'simclr', 'ce'])
+                                      (['--method', 'SimCLR'], False), (['--method', 'RASCAL', '--queue_size', '512'],
+                                                                        False), ([], True)],
+                         ids=['supcon', 'supcon-queue-bf16', 'simclr', 'rascal-queue', 'ce'])
 def test_the_compiled_loss_step_trains_on_cuda(argv, ce, tmp_path):
-    """``--compile`` on CUDA compiles the encoder, the heads and the loss step (``Method.compiles``; labels from the
-    host): a run of the real script trains and evaluates, and its checkpoint loads without ``--compile``."""
+    """``--compile`` on CUDA compiles the step's forward and loss as one graph (``Method.compiles``; labels from the
+    host, RASCAL's plan built there): a run of the real script trains and evaluates, and its checkpoint loads without
+    ``--compile``."""
     script = 'main_ce.py' if ce else 'main_supcon.py'
     run_script(script, *GPU, *argv, '--compile', '--epochs', 1, '--save_folder', tmp_path / 'pre')
     last = os.path.join(only_run_folder(tmp_path / 'pre'), 'last.pth')

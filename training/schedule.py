@@ -112,30 +112,34 @@ def parameter_groups(params, exclude_bias_norm):
 
 
 def set_optimizer(params, learning_rate, momentum, weight_decay, optimizer='sgd', exclude_bias_norm=False,
-                  lars_eta=0.001, adamw_betas=(0.9, 0.999), scaled=()):
+                  lars_eta=0.001, adamw_betas=(0.9, 0.999), scaled=(), fused=False):
     """The optimizer of ``--optimizer``: SupContrast's SGD with momentum and weight decay (the default), AdamW
     (``adamw_betas``; ``momentum`` unused) or :class:`LARS` (``lars_eta``; biases and normalization weights always
     excluded from its scaling and weight decay); ``exclude_bias_norm`` keeps them out of weight decay for the others
     too (:func:`parameter_groups`). ``scaled``: ``[(params, lr_scale), ...]``, more parameters whose learning rate
-    is ``lr_scale`` times the schedule's (:func:`set_lr`)."""
+    is ``lr_scale`` times the schedule's (:func:`set_lr`). ``fused`` (``--compile``): SGD's and AdamW's update of
+    every parameter in one kernel (torch's fused implementations; the same arithmetic, its multiply-adds fused, so
+    within a rounding of the default multi-tensor update); LARS keeps its own."""
     exclude = exclude_bias_norm or optimizer == 'lars'
     groups = parameter_groups(params, exclude)
     for more, scale in scaled:
         groups += [{**group, 'lr_scale': scale, 'lr': learning_rate * scale}
                    for group in parameter_groups(more, exclude)]
     if optimizer == 'sgd':
-        return torch.optim.SGD(groups, lr=learning_rate, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.SGD(groups, lr=learning_rate, momentum=momentum, weight_decay=weight_decay,
+                               fused=fused or None)
     if optimizer == 'adamw':
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=adamw_betas, weight_decay=weight_decay)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=adamw_betas, weight_decay=weight_decay,
+                                 fused=fused or None)
     if optimizer == 'lars':
         return LARS(groups, lr=learning_rate, momentum=momentum, weight_decay=weight_decay, eta=lars_eta)
     raise ValueError(f'unknown optimizer {optimizer!r} (sgd, adamw, lars)')
 
 
-def optimizer_for(opt, params, scaled=()):
+def optimizer_for(opt, params, scaled=(), fused=False):
     """``set_optimizer`` with the command line's ``--optimizer``, ``--exclude_bias_norm`` and ``--lars_eta``."""
     return set_optimizer(params, opt.learning_rate, opt.momentum, opt.weight_decay, opt.optimizer,
-                         opt.exclude_bias_norm, opt.lars_eta, scaled=scaled)
+                         opt.exclude_bias_norm, opt.lars_eta, scaled=scaled, fused=fused)
 
 
 SUPCONTRAST_WARMUP_FROM = 0.01     # SupContrast's absolute warm-up start

@@ -22,7 +22,7 @@ from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from losses_carrot import CARROT, grad_balanced_total_loss
 from methods import METHODS, Method, get_method
 from networks import SupCEResNet, SupConResNet
-from runtime.device import Runtime, compile_function, compile_modules, dynamic_sizes
+from runtime.device import Compiler, Runtime, dynamic_sizes
 from runtime.distributed import (
     all_reduce_grads,
     all_reduce_sum,
@@ -34,7 +34,7 @@ from runtime.distributed import (
     wrap_model,
 )
 from training.chunks import cached_step
-from training.loop import Optimization, evaluate_parts, parts_after, train_loop
+from training.loop import Optimization, PendingViews, evaluate_parts, parts_after, pend_augmentation, train_loop
 from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from training.monitors import collapse_statistics
 from util import accuracy
@@ -99,14 +99,17 @@ class Pretraining:
         # a copy of the model as it starts (rank 0's), before --syncBN converts its BatchNorm: the key encoder's
         # statistics stay its own (shuffled BatchNorm, docs/QUEUE.md)
         self.key_encoder = MomentumEncoder(self.model, opt.moco_m) if opt.queue_size and opt.moco_m > 0 else None
-        compile_modules(opt.compile, self.model.encoder, self.model.head,      # after the key encoder's copy
-                        backend=opt.compile_backend)
+        compiler = call_hook(Compiler, opt)
+        compiler.modules(self.model.encoder, self.model.head)      # after the key encoder's copy
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
-        # --compile: the loss step too, where it traces whole (Method.compiles; CARROT and torchrun's gathers break it)
-        self.loss_step = compile_function(opt.compile and self.method.compiles and self.carrot is None
-                                          and not is_distributed(), self.loss_from_parts, opt.compile_backend)
+        # --compile: the forward and the loss as one graph where the loss traces whole (Method.compiles; CARROT's
+        # autograd.grad and torchrun's gathers break it); with gradient caching the loss step alone
+        self.compiled_loss = traced = (opt.compile and self.method.compiles and self.carrot is None
+                                       and not is_distributed())
+        self.forward_loss = compiler.function(self._forward_loss, enabled=traced and not opt.chunk_size)
+        self.loss_step = compiler.function(self.loss_from_parts, enabled=traced and bool(opt.chunk_size))
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """The model's parameters, then the loss's own (none for most methods)."""
@@ -117,6 +120,7 @@ class Pretraining:
         The metrics: the epoch means, and the loss's histograms summed over the epoch (``hist/...``)."""
         self.ddp_model.train()
         self.epoch_hists.clear()
+        pend_augmentation(loader, self.forward_loss is not self._forward_loss)    # --compile: into the graph
         metrics = train_loop(loader, optim, epoch, self.loop_step, self.desc, self.print_freq)
         self.criterion.end_epoch()
         prefix = self.method.stats_prefix
@@ -152,32 +156,44 @@ class Pretraining:
         build what depends on their values, so the step never waits for the device (docs/USAGE.md,
         "Host synchronizations")."""
         runtime, model = self.runtime, self.model
-        n_views = len(views)
+        pending = isinstance(views, PendingViews)        # augmented by the compiled forward (pend_augmentation)
+        n_views = views.n_views if pending else len(views)
         # on the device once: the step's forward(s) and the key encoder read the same copies (no-ops when there)
-        views = [v.to(runtime.device, non_blocking=True) for v in views]
+        views = views if pending else [v.to(runtime.device, non_blocking=True) for v in views]
         kept = {}
         queue_stats = self.queue.statistics(self._global_labels(labels)) if self.queue is not None else {}
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
-
-        plan = self.host_plan(labels, ids, n_views)
+        plan = self.host_plan(labels, ids, n_views)            # out of the compiled graph: built on the host
 
         def loss_from(h_enc, h_proj):
             loss, stats, kept['features'] = self.loss_step(h_enc, h_proj, labels, ids, n_views, scale, plan)
             return loss, stats
         if self.chunk_size:
+            views = views.views() if pending else views
             loss, stats = cached_step(runtime, model, model.head, views, self.chunk_size, loss_from, backward)
         else:
-            images = device_batch(runtime, views)                       # view-major rows: v * bsz + b
-            with runtime.autocast():
-                h_enc, h_proj = self.ddp_model(images, parts=True)
-            loss, stats = loss_from(h_enc, h_proj)
-            backward(loss)
+            # a compiled forward takes the labels on the device: a graph without host inputs (CUDA graphs can take it)
+            graph_labels = labels if self.forward_loss == self._forward_loss else labels.to(runtime.device,
+                                                                                            non_blocking=True)
+            loss, stats, kept['features'], views = self.forward_loss(views, graph_labels, ids, plan, scale)
+            backward(loss)                      # under --compile the backward of the same graph (AOTAutograd's)
             loss = loss.detach()
         # the loss's own parameters (BCL's, PaCo's classifier): DDP does not see them; the mean over processes
         all_reduce_grads(self.criterion.parameters())
         if self.queue is not None:
             stats.update(queue_stats, **self.enqueue_keys(views, labels, ids, kept['features']))
         return loss, stats
+
+    def _forward_loss(self, views, labels, ids, plan, scale):
+        """The plain step's forward: the augmentation of :class:`PendingViews`, the model on the whole batch (its
+        views on the device, view-major rows ``v * bsz + b``) and :meth:`loss_from_parts`. ``--compile`` compiles it
+        as one graph, whose backward AOTAutograd compiles with it. Returns the loss, statistics, features and the
+        views (the key encoder's input)."""
+        views = views.views() if isinstance(views, PendingViews) else views
+        images = device_batch(self.runtime, views)
+        with self.runtime.autocast():
+            h_enc, h_proj = self.ddp_model(images, parts=True)
+        return (*self.loss_step(h_enc, h_proj, labels, ids, len(views), scale, plan), views)
 
     def _global_labels(self, labels):
         return gather_labels(labels, self.runtime.device) if self.method.uses_labels else None
@@ -188,7 +204,7 @@ class Pretraining:
         global_ids = gather_labels(ids, self.runtime.device) if self.method.uses_ids else None
         plan = self.criterion.host_plan(self._global_labels(labels), global_ids, n_views,
                                         self.queue.view() if self.queue is not None else None)
-        if plan is not None and self.loss_step is not self.loss_from_parts:
+        if plan is not None and self.compiled_loss:
             dynamic_sizes(plan)
         return plan
 
@@ -288,12 +304,14 @@ class CETraining:
                                 feat_dim=opt.feat_dim, stem=opt.stem, size=opt.size, model_args=opt.model_args)
         self.model = runtime.prepare_model(model)
         broadcast_state(self.model)                      # under torchrun every process starts from rank 0's
-        compile_modules(opt.compile, *self.model.children(), backend=opt.compile_backend)
+        compiler = call_hook(Compiler, opt)
+        compiler.modules(*self.model.children())
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
-        # --compile: the loss step too, as Pretraining's (CARROT and torchrun's gathers break it)
-        self.loss_step = compile_function(opt.compile and self.carrot is None and not is_distributed(),
-                                          self.loss_from_parts, opt.compile_backend)
+        # --compile: the forward and the loss as one graph, as Pretraining's (CARROT and torchrun's gathers break it)
+        traced = opt.compile and self.carrot is None and not is_distributed()
+        self.forward_loss = compiler.function(self._forward_loss, enabled=traced and not opt.chunk_size)
+        self.loss_step = compiler.function(self.loss_from_parts, enabled=traced and bool(opt.chunk_size))
 
     def checkpointed(self) -> dict:
         """Nothing but the model travels in its checkpoints."""
@@ -302,6 +320,7 @@ class CETraining:
     def train_epoch(self, loader, optim: Optimization, epoch: int) -> dict:
         """One epoch of :meth:`step` over ``loader``; the epoch means."""
         self.ddp_model.train()
+        pend_augmentation(loader, self.forward_loss is not self._forward_loss)    # --compile: into the graph
         return train_loop(loader, optim, epoch, self.loop_step, 'CE', self.print_freq)
 
     def loop_step(self, batch, backward):
@@ -324,18 +343,27 @@ class CETraining:
         """One step on ``images`` ``[b, C, H, W]`` (or a list of views, one-stage SupCon) and ``labels`` ``[b]``: as
         :meth:`Pretraining.step`, without a queue. Returns ``(loss, statistics)``."""
         runtime = self.runtime
-        views = images if isinstance(images, (list, tuple)) else [images]
+        views = images if isinstance(images, (list, tuple, PendingViews)) else [images]
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
 
         def loss_from(h, out):
             return self.loss_step(h, out, labels, len(views), scale)
         if self.chunk_size:
+            views = views.views() if isinstance(views, PendingViews) else views
             return cached_step(runtime, self.model, self.model.outputs, views, self.chunk_size, loss_from, backward)
-        with runtime.autocast():
-            h, out = self.ddp_model(device_batch(runtime, views), parts=True)
-        loss, stats = loss_from(h, out)
-        backward(loss)
+        graph_labels = labels if self.forward_loss == self._forward_loss else labels.to(runtime.device,
+                                                                                        non_blocking=True)
+        loss, stats = self.forward_loss(views, graph_labels, scale)          # (on the device when compiled)
+        backward(loss)                          # under --compile the backward of the same graph (AOTAutograd's)
         return loss.detach(), stats
+
+    def _forward_loss(self, views, labels, scale):
+        """The plain step's forward: the augmentation of :class:`PendingViews`, the model on the whole batch and
+        :meth:`loss_from_parts`; one graph under ``--compile``, as :meth:`Pretraining._forward_loss`."""
+        views = views.views() if isinstance(views, PendingViews) else views
+        with self.runtime.autocast():
+            h, out = self.ddp_model(device_batch(self.runtime, views), parts=True)
+        return self.loss_step(h, out, labels, len(views), scale)
 
     def loss_from_parts(self, h, out, labels, n_views=1, scale=None):
         """Cross-entropy over every view's logits (``+ w * SupCon`` of the projections, global batch under

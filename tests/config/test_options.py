@@ -188,6 +188,10 @@ BAD = {
                                 ['--compile_backend nope', 'aot_eager']),
     'compile_backend_without_compile': (['main_ce.py', '--compile_backend', 'eager'],
                                         ['--compile_backend needs --compile']),
+    'compile_mode_without_compile': (['main_supcon.py', '--compile_mode', 'reduce-overhead'],
+                                     ['--compile_mode needs --compile']),
+    'compile_mode_of_another_backend': (['main_ce.py', '--compile', '--compile_backend', 'aot_eager', '--compile_mode',
+                                         'reduce-overhead'], ['--compile_mode reduce-overhead', 'inductor']),
 }
 
 

@@ -379,3 +379,26 @@ def test_device_loader_drops_a_last_batch_of_one():
     sizes = [len(b[1]) for b in DeviceLoader(None, images, targets, 'train', drop_last=True, **kw)]
     assert sizes == [4, 4] and len(DeviceLoader(None, images, targets, 'train', drop_last=True, **kw)) == 2
     assert [len(b[1]) for b in DeviceLoader(None, images, targets, 'train', **kw)] == [4, 4, 1]
+
+
+@pytest.mark.parametrize('n_views, kind', [(2, 'contrastive'), (None, 'train')])
+def test_a_pending_loader_yields_what_the_step_augments(n_views, kind):
+    """``pending`` (``training.loop.pend_augmentation``, under ``--compile``): the loader draws the same parameters
+    from its generator and hands the uint8 images over (:class:`training.loop.PendingViews`); the views they make are
+    the loader's own (its form without host reads: within float rounding on a CPU) and the generator is left where
+    the plain loader leaves it."""
+    from training.loop import PendingViews
+    rng = np.random.default_rng(0)
+    images, targets = rng.integers(0, 256, (24, 20, 20, 3), dtype=np.uint8), [0, 1, 2] * 8
+    kw = dict(device=torch.device('cpu'), batch_size=8, size=16, mean_std=((0.5,) * 3, (0.25,) * 3),
+              style='natural', n_views=n_views, seed=3)
+    plain, pending = (A.DeviceLoader(None, images, targets, kind, **kw) for _ in range(2))
+    pending.pending = True
+    for (want, labels), (got, got_labels) in zip(plain, pending):
+        assert isinstance(got, PendingViews) and torch.equal(labels, got_labels)
+        views = got.views()
+        want = want if n_views else [want]
+        assert len(views) == len(want)
+        for a, b in zip(views, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert torch.equal(plain.augment.generator.get_state(), pending.augment.generator.get_state())

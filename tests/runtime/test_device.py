@@ -114,7 +114,7 @@ def test_the_first_line_names_the_path():
 
 @pytest.mark.parametrize('name', ['resnet_nano', 'resnet_tiny'])
 def test_the_compiled_modules_are_one_graph_each(name):
-    """``--compile`` compiles the encoder and the projection head (``compile_modules``): each traces to one graph
+    """``--compile`` compiles the encoder and the projection head (``Compiler.modules``): each traces to one graph
     with no graph break (``torch._dynamo.explain``, on the CPU), so a change that adds a break fails here. Power
     check: a forward that reads a value on the host to branch breaks the graph."""
     from networks import SupConResNet
@@ -129,3 +129,20 @@ def test_the_compiled_modules_are_one_graph_each(name):
         def forward(self, x):
             return x * 2 if x.sum().item() > 0 else x
     assert torch._dynamo.explain(ReadsTheHost())(torch.ones(3)).graph_break_count >= 1
+
+
+def test_the_compiler_passes_its_backend_and_mode(monkeypatch):
+    """``Compiler`` (``--compile``, ``--compile_backend``, ``--compile_mode``): modules and functions get the backend
+    and inductor's mode (``default`` is torch's own: no mode); without ``--compile`` nothing is compiled."""
+    from runtime import device
+    calls = []
+    monkeypatch.setattr(device.torch, 'compile', lambda fn, **kw: calls.append(kw) or fn)
+    monkeypatch.setattr(torch.nn.Module, 'compile', lambda self, **kw: calls.append(kw))
+    monkeypatch.setattr(device, '_compiled', False)
+    device.Compiler(False).modules(torch.nn.Linear(2, 2))
+    assert device.Compiler(False).function(len) is len and not calls
+    device.Compiler(True, 'inductor', 'reduce-overhead').modules(torch.nn.Linear(2, 2))
+    device.Compiler(True, 'inductor', 'default').function(len)
+    assert device.Compiler(True).function(len, enabled=False) is len
+    assert calls == [dict(backend='inductor', mode='reduce-overhead'), dict(backend='inductor', mode=None)]
+    torch.compiler.set_stance('default')

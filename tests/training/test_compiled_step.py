@@ -1,4 +1,4 @@
-"""``--compile`` and the training step (training/steps.py, runtime/device.py ``compile_function``): the encoder and the
+"""``--compile`` and the training step (training/steps.py, runtime/device.py ``Compiler``): the encoder and the
 heads are compiled, and so is the loss step (``Pretraining.loss_from_parts``: the loss, the statistics) of a method
 that traces it whole (``Method.compiles``). Here: the graph breaks that ``torch._dynamo.explain`` counts in each
 method mode's loss step (0 for those methods; the others may not break more often than recorded, so a change that
@@ -12,6 +12,7 @@ import sync_count
 from helpers import STEP_BSZ, build_training, method_modes, step_batch
 from methods import METHODS
 from runtime.device import dynamic_sizes
+from training.loop import PendingViews
 
 pytestmark = pytest.mark.slow
 
@@ -94,18 +95,35 @@ def test_the_loss_step_breaks_no_more_often_than_recorded(mode):
         assert breaks == 0, f'{mode}: {breaks} graph breaks in a loss step that --compile compiles'
 
 
-def sgd_steps(argv, steps=3, ce=False):
+def pending_batch(seed, n_views=2):
+    """``step_batch(seed)``'s labels and ids with views still to be augmented (:class:`PendingViews`, as the device
+    loader yields them under ``--compile``): ``STEP_BSZ`` uint8 images of 20 px, SupContrast's contrastive pipeline to
+    16 px, its parameters drawn from a generator seeded by ``seed``."""
+    from data.augment import BatchAugment
+    _, labels, ids = step_batch(seed)
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (STEP_BSZ, 3, 20, 20), generator=g, dtype=torch.uint8).repeat(n_views, 1, 1, 1)
+    augment = BatchAugment(16, (0.5,) * 3, (0.25,) * 3, 'natural', 'contrastive', g)
+    params = augment.sample(images.shape[0], 20, 20, images.device)
+    return PendingViews(images, params, augment.apply_in_graph, n_views), labels, ids
+
+
+def sgd_steps(argv, steps=3, ce=False, pending=False):
     """Three SGD steps of ``Pretraining.step`` (``CETraining.step`` with ``ce``: the first view) with BatchNorm in
-    train mode on fixed batches; the losses and the parameters after them, and the training."""
+    train mode on fixed batches (``pending``: :func:`pending_batch`'s); the losses and the parameters after them, and
+    the training."""
     torch._dynamo.reset()
     training = build_training(argv, train=True, ce=ce)
     parameters = list(training.model.parameters() if ce else training.parameters())
     optimizer = torch.optim.SGD(parameters, lr=0.1, momentum=0.9)
     losses = []
     for seed in range(steps):
-        views, labels, ids = step_batch(seed)
+        views, labels, ids = pending_batch(seed, 1 if ce else 2) if pending else step_batch(seed)
         optimizer.zero_grad()
-        loss, _ = training.step(views[0], labels) if ce else training.step(views, labels, ids)
+        if ce:
+            loss, _ = training.step(views if pending else views[0], labels)
+        else:
+            loss, _ = training.step(views, labels, ids)
         optimizer.step()
         losses.append(loss)
     return torch.stack(losses), [p.detach().clone() for p in parameters], training
@@ -120,15 +138,46 @@ COMPILED_MODES = {'SupCon': ['--method', 'SupCon'], 'SimCLR + queue': ['--method
 
 @pytest.mark.parametrize('mode', list(COMPILED_MODES))
 def test_the_compiled_step_equals_the_eager_one_bit_for_bit_with_aot_eager(mode):
-    """``aot_eager`` runs the graphs that inductor gets (encoder, head, loss step, and their backward) without
-    generating code: the same operators in the same order, so the same bits. Power: the loss step is compiled."""
+    """``aot_eager`` runs the graphs that inductor gets (augmentation, encoder, head, loss, and their backward)
+    without generating code: the same operators in the same order, so the same bits. Half the modes take their views
+    to be augmented in the step (:class:`PendingViews`). Power: the forward and loss are compiled."""
     ce = mode.startswith('CE')
-    eager_losses, eager_params, _ = sgd_steps(COMPILED_MODES[mode], ce=ce)
+    pending = list(COMPILED_MODES).index(mode) % 2 == 0
+    eager_losses, eager_params, _ = sgd_steps(COMPILED_MODES[mode], ce=ce, pending=pending)
     losses, params, training = sgd_steps([*COMPILED_MODES[mode], '--compile', '--compile_backend', 'aot_eager'],
-                                         ce=ce)
-    assert hasattr(training.loss_step, '_torchdynamo_orig_callable'), 'the loss step is not compiled'
+                                         ce=ce, pending=pending)
+    assert hasattr(training.forward_loss, '_torchdynamo_orig_callable'), 'the forward and loss are not compiled'
     assert torch.equal(losses, eager_losses)
     assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
+
+
+@pytest.mark.parametrize('mode', ['SupCon', 'RASCAL + queue', 'PaCo + queue', 'CE'])
+def test_the_forward_and_the_loss_are_one_graph(mode):
+    """Under ``--compile`` the plain step's forward (the device augmentation of the uint8 images, the views made one
+    batch, the compiled encoder and head, the loss and its statistics, ``_forward_loss``) traces as one graph without
+    a break, the loss's host plan given to it. Power: a host read in the loss splits it."""
+    ce = mode == 'CE'
+    training = build_training([*COMPILED_MODES[mode], '--compile', '--compile_backend', 'aot_eager'], train=True,
+                              ce=ce)
+    views, labels, ids = pending_batch(0, 1 if ce else 2)
+
+    def explain():
+        torch._dynamo.reset()
+        if ce:
+            return torch._dynamo.explain(training._forward_loss)(views, labels, None)
+        plan = training.host_plan(labels, ids, 2)
+        dynamic_sizes(plan or ())
+        return torch._dynamo.explain(training._forward_loss)(views, labels, ids, plan, None)
+    out = explain()
+    assert (out.graph_count, out.graph_break_count) == (1, 0), out.break_reasons
+    if not ce:
+        forward = type(training.criterion).forward
+
+        def reads_the_host(self, features, *args, **kwargs):
+            return forward(self, features, *args, **kwargs) * (1.0 if float(features.detach().sum()) > -1e9 else 0.0)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(type(training.criterion), 'forward', reads_the_host)
+            assert explain().graph_break_count >= 1
 
 
 @pytest.mark.parametrize('queue', [False, True], ids=['RASCAL', 'RASCAL + queue'])
@@ -167,6 +216,7 @@ def test_carrot_and_the_other_methods_keep_an_eager_loss_step():
     for argv, ce in eager:
         training = build_training([*argv, '--compile', '--compile_backend', 'aot_eager'], ce=ce)
         assert training.loss_step == training.loss_from_parts, argv
+        assert training.forward_loss == training._forward_loss, argv
 
 
 @pytest.mark.parametrize('argv', [[], ['--loss', 'logit_adjusted'], ['--supcon_weight', '1'], ['--carrot']],
@@ -229,3 +279,57 @@ def test_a_host_read_in_the_loss_is_counted(monkeypatch):
         return loss * (1.0 if float(loss) > -1 else 0.0)
     monkeypatch.setattr(type(training.criterion), 'forward', reads_the_host)
     assert graph_breaks(training) >= 1
+
+
+RANDOM_OPS = ('rand', 'randn', 'randint', 'randperm', 'rand_like', 'randn_like', 'randint_like', 'bernoulli',
+              'dropout', 'normal', 'uniform', 'multinomial', 'exponential', 'geometric', 'cauchy', 'log_normal')
+
+
+def recorded_graphs(training, views, labels, ids, ce=False):
+    """The graphs ``torch.compile`` makes of the step's forward and loss (``_forward_loss``) on one batch, and their
+    example inputs, recorded by a backend that keeps them."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+    torch._dynamo.reset()
+    if ce:
+        torch.compile(training._forward_loss, backend=record)(views, labels, None)
+    else:
+        plan = training.host_plan(labels, ids, views.n_views)
+        dynamic_sizes(plan or ())
+        torch.compile(training._forward_loss, backend=record)(views, labels, ids, plan, None)
+    return graphs
+
+
+def random_ops(gm):
+    return [n for n in gm.graph.nodes if n.op in ('call_function', 'call_method')
+            and getattr(n.target, '__name__', str(n.target)).strip('_') in RANDOM_OPS]
+
+
+def dynamic_inputs(example_inputs):
+    return [x for x in example_inputs if isinstance(x, torch.SymInt)
+            or isinstance(x, torch.Tensor) and not all(isinstance(s, int) for s in x.shape)]
+
+
+@pytest.mark.parametrize('mode', ['SupCon', 'SimCLR + queue', 'CE'])
+def test_the_compiled_step_of_fixed_shapes_is_capturable(mode):
+    """What CUDA graphs (``--compile_mode reduce-overhead``) need of the compiled step, shown on the CPU: its
+    augmentation, forward and loss are one graph (a host read would be a break), its inputs have fixed shapes, and it
+    draws no random number (the augmentation's parameters come drawn by the loader, from its generator, before the
+    graph). Power: a dropout layer puts a random op in the graph; RASCAL's plan has sizes that change from batch to
+    batch (marked dynamic: CUDA graphs would record one graph per size)."""
+    ce = mode == 'CE'
+    argv = [*COMPILED_MODES[mode], '--compile', '--compile_backend', 'aot_eager']
+    views, labels, ids = pending_batch(0, 1 if ce else 2)
+    graphs = recorded_graphs(build_training(argv, train=True, ce=ce), views, labels, ids, ce)
+    assert len(graphs) == 1
+    gm, inputs = graphs[0]
+    assert not random_ops(gm) and not dynamic_inputs(inputs)
+    if not ce:
+        with_dropout = recorded_graphs(build_training(argv, train=True, dropout=True), views, labels, ids)
+        assert random_ops(with_dropout[0][0])
+        rascal = recorded_graphs(build_training(['--method', 'RASCAL', '--compile', '--compile_backend', 'aot_eager'],
+                                                train=True), views, labels, ids)
+        assert len(rascal) == 1 and dynamic_inputs(rascal[0][1])

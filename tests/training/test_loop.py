@@ -122,7 +122,7 @@ def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eager
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
                                     torch.nn.Linear(8, 2))
-        device.compile_modules(True, model, backend='eager')
+        device.Compiler(True, 'eager').modules(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         batches = _Batches([(torch.randn(16, 4),), (torch.randn(16, 4),), (torch.randn(12, 4),)])
 
