@@ -104,11 +104,16 @@ class Pretraining:
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
-        # --compile: the forward and the loss as one graph where the loss traces whole (Method.compiles; CARROT's
-        # autograd.grad and torchrun's gathers break it); with gradient caching the loss step alone
+        # --compile: the augmentation, the model and the loss as one graph where the loss traces whole
+        # (Method.compiles; CARROT's autograd.grad and torchrun's gathers break it), the augmentation and the model
+        # for the other methods (CARROT needs the encoder's output as a graph's input: its modules stay apart); with
+        # gradient caching the loss step alone
         self.compiled_loss = traced = (opt.compile and self.method.compiles and self.carrot is None
                                        and not is_distributed())
-        self.forward_loss = compiler.function(self._forward_loss, enabled=traced and not opt.chunk_size)
+        self.loss_in_graph = traced and not opt.chunk_size
+        self.parts_in_graph = opt.compile and not (traced or opt.chunk_size or self.carrot or is_distributed())
+        self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph)
+        self.forward_parts = compiler.function(self._forward_parts, enabled=self.parts_in_graph)
         self.loss_step = compiler.function(self.loss_from_parts, enabled=traced and bool(opt.chunk_size))
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -120,7 +125,8 @@ class Pretraining:
         The metrics: the epoch means, and the loss's histograms summed over the epoch (``hist/...``)."""
         self.ddp_model.train()
         self.epoch_hists.clear()
-        pend_augmentation(loader, self.forward_loss is not self._forward_loss)    # --compile: into the graph
+        # --compile: the augmentation into the graph
+        pend_augmentation(loader, self.loss_in_graph or self.parts_in_graph)
         metrics = train_loop(loader, optim, epoch, self.loop_step, self.desc, self.print_freq)
         self.criterion.end_epoch()
         prefix = self.method.stats_prefix
@@ -171,12 +177,15 @@ class Pretraining:
         if self.chunk_size:
             views = views.views() if pending else views
             loss, stats = cached_step(runtime, model, model.head, views, self.chunk_size, loss_from, backward)
-        else:
-            # a compiled forward takes the labels on the device: a graph without host inputs (CUDA graphs can take it)
-            graph_labels = labels if self.forward_loss == self._forward_loss else labels.to(runtime.device,
-                                                                                            non_blocking=True)
+        elif self.loss_in_graph:                                # compiled: the loss in the graph
+            # the labels on the device: a graph without host inputs (CUDA graphs can take it)
+            graph_labels = labels.to(runtime.device, non_blocking=True)
             loss, stats, kept['features'], views = self.forward_loss(views, graph_labels, ids, plan, scale)
-            backward(loss)                      # under --compile the backward of the same graph (AOTAutograd's)
+        else:
+            h_enc, h_proj, views = self.forward_parts(views)
+            loss, stats = loss_from(h_enc, h_proj)
+        if not self.chunk_size:
+            backward(loss)                      # under --compile the compiled graphs' backward (AOTAutograd's)
             loss = loss.detach()
         # the loss's own parameters (BCL's, PaCo's classifier): DDP does not see them; the mean over processes
         all_reduce_grads(self.criterion.parameters())
@@ -184,15 +193,19 @@ class Pretraining:
             stats.update(queue_stats, **self.enqueue_keys(views, labels, ids, kept['features']))
         return loss, stats
 
-    def _forward_loss(self, views, labels, ids, plan, scale):
-        """The plain step's forward: the augmentation of :class:`PendingViews`, the model on the whole batch (its
-        views on the device, view-major rows ``v * bsz + b``) and :meth:`loss_from_parts`. ``--compile`` compiles it
-        as one graph, whose backward AOTAutograd compiles with it. Returns the loss, statistics, features and the
-        views (the key encoder's input)."""
+    def _forward_parts(self, views):
+        """The augmentation of :class:`PendingViews` and the model on the whole batch (its views on the device,
+        view-major rows ``v * bsz + b``): ``(h_enc, h_proj, views)``, the views being the key encoder's input."""
         views = views.views() if isinstance(views, PendingViews) else views
         images = device_batch(self.runtime, views)
         with self.runtime.autocast():
             h_enc, h_proj = self.ddp_model(images, parts=True)
+        return h_enc, h_proj, views
+
+    def _forward_loss(self, views, labels, ids, plan, scale):
+        """The plain step's forward: :meth:`_forward_parts` and :meth:`loss_from_parts`. ``--compile`` compiles it as
+        one graph, whose backward AOTAutograd compiles with it. Returns the loss, statistics, features and views."""
+        h_enc, h_proj, views = self._forward_parts(views)
         return (*self.loss_step(h_enc, h_proj, labels, ids, len(views), scale, plan), views)
 
     def _global_labels(self, labels):
@@ -310,7 +323,8 @@ class CETraining:
         self.carrot = call_hook(carrot_term, opt)
         # --compile: the forward and the loss as one graph, as Pretraining's (CARROT and torchrun's gathers break it)
         traced = opt.compile and self.carrot is None and not is_distributed()
-        self.forward_loss = compiler.function(self._forward_loss, enabled=traced and not opt.chunk_size)
+        self.loss_in_graph = traced and not opt.chunk_size
+        self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph)
         self.loss_step = compiler.function(self.loss_from_parts, enabled=traced and bool(opt.chunk_size))
 
     def checkpointed(self) -> dict:
@@ -320,7 +334,7 @@ class CETraining:
     def train_epoch(self, loader, optim: Optimization, epoch: int) -> dict:
         """One epoch of :meth:`step` over ``loader``; the epoch means."""
         self.ddp_model.train()
-        pend_augmentation(loader, self.forward_loss is not self._forward_loss)    # --compile: into the graph
+        pend_augmentation(loader, self.loss_in_graph)    # --compile: the augmentation into the graph
         return train_loop(loader, optim, epoch, self.loop_step, 'CE', self.print_freq)
 
     def loop_step(self, batch, backward):
@@ -351,8 +365,7 @@ class CETraining:
         if self.chunk_size:
             views = views.views() if isinstance(views, PendingViews) else views
             return cached_step(runtime, self.model, self.model.outputs, views, self.chunk_size, loss_from, backward)
-        graph_labels = labels if self.forward_loss == self._forward_loss else labels.to(runtime.device,
-                                                                                        non_blocking=True)
+        graph_labels = labels.to(runtime.device, non_blocking=True) if self.loss_in_graph else labels
         loss, stats = self.forward_loss(views, graph_labels, scale)          # (on the device when compiled)
         backward(loss)                          # under --compile the backward of the same graph (AOTAutograd's)
         return loss.detach(), stats

@@ -131,9 +131,10 @@ def sgd_steps(argv, steps=3, ce=False, pending=False):
 
 COMPILED_MODES = {'SupCon': ['--method', 'SupCon'], 'SimCLR + queue': ['--method', 'SimCLR', '--queue_size', '64'],
                   'RASCAL': ['--method', 'RASCAL'], 'RASCAL + queue': ['--method', 'RASCAL', '--queue_size', '64'],
-                  'RASCAL current': ['--method', 'RASCAL', '--rascal_weighting', 'current'],
                   'BCL': ['--method', 'BCL'], 'PaCo + queue': ['--method', 'PaCo', '--queue_size', '64'],
-                  'CE': [], 'CE logit-adjusted': ['--loss', 'logit_adjusted']}
+                  'CE': [], 'CE logit-adjusted': ['--loss', 'logit_adjusted'],
+                  'KCL (the loss eager)': ['--method', 'KCL'], 'SINCERE + queue (the loss eager)': [
+                      '--method', 'SINCERE', '--queue_size', '64']}
 
 
 @pytest.mark.parametrize('mode', list(COMPILED_MODES))
@@ -146,7 +147,8 @@ def test_the_compiled_step_equals_the_eager_one_bit_for_bit_with_aot_eager(mode)
     eager_losses, eager_params, _ = sgd_steps(COMPILED_MODES[mode], ce=ce, pending=pending)
     losses, params, training = sgd_steps([*COMPILED_MODES[mode], '--compile', '--compile_backend', 'aot_eager'],
                                          ce=ce, pending=pending)
-    assert hasattr(training.forward_loss, '_torchdynamo_orig_callable'), 'the forward and loss are not compiled'
+    compiled = training.forward_parts if 'eager' in mode else training.forward_loss
+    assert hasattr(compiled, '_torchdynamo_orig_callable'), 'the forward is not compiled'
     assert torch.equal(losses, eager_losses)
     assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
 
@@ -180,14 +182,13 @@ def test_the_forward_and_the_loss_are_one_graph(mode):
             assert explain().graph_break_count >= 1
 
 
-@pytest.mark.parametrize('queue', [False, True], ids=['RASCAL', 'RASCAL + queue'])
-def test_one_compiled_rascal_step_fits_every_batch(queue):
+def test_one_compiled_rascal_step_fits_every_batch():
     """RASCAL's plan (class blocks, id table, the queue's columns) changes its sizes from batch to batch; they are
     marked dynamic, so the graphs of the first step take the next batches (other class sizes, repeated ids, the
     queue filling up) without compiling again: the compiler's ``fail_on_recompile`` stance raises otherwise. The
     values equal the eager step's. Power: without the marks the second batch recompiles."""
     import runtime.device
-    argv = ['--method', 'RASCAL', *(['--queue_size', '64'] if queue else [])]
+    argv = ['--method', 'RASCAL', '--queue_size', '64']
     batches = [step_batch(seed) for seed in range(3)]
     views, labels, ids = batches[0]
     batches.append((views, torch.tensor([0] * 14 + [1, 2]), torch.tensor([5] * 2 + list(range(20, 34)))))
@@ -212,11 +213,18 @@ def test_one_compiled_rascal_step_fits_every_batch(queue):
 
 
 def test_carrot_and_the_other_methods_keep_an_eager_loss_step():
+    """The methods with breaks in their loss step compile the augmentation and the model as one graph
+    (``forward_parts``) and run the loss eagerly; with CARROT the modules stay compiled apart (its balance takes the
+    gradient of the loss with respect to the encoder's output, which must be a graph's input, not an inner value)
+    and the loss step eager."""
     eager = ((['--method', 'SupCon', '--carrot'], False), (['--method', 'KCL'], False), (['--carrot'], True))
     for argv, ce in eager:
         training = build_training([*argv, '--compile', '--compile_backend', 'aot_eager'], ce=ce)
         assert training.loss_step == training.loss_from_parts, argv
         assert training.forward_loss == training._forward_loss, argv
+        if not ce:
+            parts_compiled = training.forward_parts != training._forward_parts
+            assert parts_compiled == ('--carrot' not in argv), argv
 
 
 @pytest.mark.parametrize('argv', [[], ['--loss', 'logit_adjusted'], ['--supcon_weight', '1'], ['--carrot']],
@@ -333,3 +341,35 @@ def test_the_compiled_step_of_fixed_shapes_is_capturable(mode):
         rascal = recorded_graphs(build_training(['--method', 'RASCAL', '--compile', '--compile_backend', 'aot_eager'],
                                                 train=True), views, labels, ids)
         assert len(rascal) == 1 and dynamic_inputs(rascal[0][1])
+
+
+def test_only_a_compiled_forward_takes_the_augmentation():
+    """The loader hands its augmentation over (``pending``) only to a step whose forward is compiled: without
+    ``--compile`` the views come augmented as before (on a CPU the CPU's own form of the augmentation). Power: a
+    loader without ``pending`` is left alone."""
+    from training.loop import pend_augmentation
+    cases = {(): (False, False), ('--compile',): (True, False), ('--compile', '--method', 'KCL'): (False, True),
+             ('--compile', '--carrot'): (False, False), ('--compile', '--chunk_size', '4'): (False, False)}
+    for argv, want in cases.items():
+        chunk = int(argv[-1]) if '--chunk_size' in argv else 0
+        argv = [a for a in argv if a not in ('--chunk_size', '4')]
+        training = build_training([*argv, '--compile_backend', 'aot_eager'] if argv else [], chunk=chunk)
+        assert (training.loss_in_graph, training.parts_in_graph) == want, argv
+        loader = EmptyLoader()
+        training.train_epoch(loader, optim_of(training), 1)
+        assert loader.pending == any(want), argv
+    plain = object()
+    pend_augmentation(plain, True)
+    assert not hasattr(plain, 'pending')
+
+
+class EmptyLoader(list):
+    """A loader of no batches that can take its augmentation's hand-over (as ``data.augment.DeviceLoader``)."""
+    sampler, pending = None, None
+
+
+def optim_of(training):
+    from training.loop import Optimization
+    from training.schedule import Schedule
+    return Optimization(torch.optim.SGD(training.parameters(), lr=0.1), torch.amp.GradScaler('cpu', enabled=False),
+                        Schedule(learning_rate=0.1, epochs=1))
