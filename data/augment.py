@@ -180,7 +180,9 @@ def _pick(where, a, b):
 
 def normalize(images, mean, std):
     """``(x - mean) / std`` per channel, as one multiply-add (:func:`normalization`'s constants)."""
-    scale, shift = normalization(tuple(map(float, mean)), tuple(map(float, std)), images.device, images.dtype)
+    # in a compiled graph the constants are the graph's own (the cache is the host's: the compiler would warn)
+    make = normalization.__wrapped__ if torch.compiler.is_compiling() else normalization
+    scale, shift = make(tuple(map(float, mean)), tuple(map(float, std)), images.device, images.dtype)
     return torch.addcmul(shift, images, scale)
 
 
