@@ -35,11 +35,12 @@ class Loss(nn.Module):
         super().__init__()
         self.last_stats, self.last_hists = {}, {}
 
-    def host_plan(self, labels, ids, n_views, queue=None):
+    def host_plan(self, labels, ids, n_views, queue=None, device=None):
         """What ``forward(..., plan=)`` would otherwise build on the host from the values of ``labels``, dataset
         ``ids`` ``[B]`` and the queue's host copy: index tensors whose shapes depend on those values (RASCAL's class
-        blocks and id table), or ``None``: nothing (the default). The training step builds it before its compiled
-        loss step, which then has no shape that depends on a value (docs/USAGE.md, "torch.compile")."""
+        blocks and id table, the class groups of SINCERE and Spread, KCL's draw), on ``device``; or ``None``:
+        nothing (the default). The training step builds it before its compiled loss step, which then has no shape
+        that depends on a value (docs/USAGE.md, "torch.compile")."""
         return None
 
     def end_epoch(self) -> None:
@@ -97,6 +98,13 @@ class ClassGroups:
 
     def __init__(self, blocks, position, counts):
         self.blocks, self.position, self.counts = blocks, position, counts
+
+    def __iter__(self):
+        """Its device tensors (``runtime.device.dynamic_sizes`` marks their sizes)."""
+        for rows, present in self.blocks:
+            yield rows
+            yield present
+        yield self.position
 
     def per_row(self, values):
         """``[M]``: row ``r``'s entry of ``values`` (one ``[c, k]`` tensor per block, in ``blocks``' order)."""

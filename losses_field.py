@@ -51,6 +51,12 @@ def _rows(features, labels):
     return upcast(z), on_device.repeat(n_views), on_device, bsz, n_views
 
 
+def _row_groups(labels, n_views, device):
+    """The class groups (``losses.class_groups``) of the ``V*B`` view-major rows, from the labels on the host: the
+    host plan of the losses that sum over class blocks (``losses.Loss.host_plan``)."""
+    return class_groups(on_host(labels).reshape(-1).repeat(n_views), device)
+
+
 def self_masked_logits(z, temperature):
     """``[M, M]`` logits ``z_i.z_j / tau`` with ``-inf`` on the diagonal (a row is never in its own sums)."""
     logits = z @ z.T / temperature
@@ -182,17 +188,25 @@ class KCLLoss(Loss):
         entropy = np.random.SeedSequence([self.seed % 2 ** 64, call]).generate_state(2, np.uint32)
         return torch.Generator().manual_seed((int(entropy[0]) << 31 ^ int(entropy[1])) % 2 ** 63)
 
-    def forward(self, features, labels):
+    def host_plan(self, labels, ids, n_views, queue=None, device=None):
+        """This call's draw (``kcl_positives``; the call count advances): ``(chosen, valid)`` ``[M, k]`` on
+        ``device``, drawn on the host from the host's ``labels``."""
+        chosen, valid = kcl_positives(labels, n_views, self.k, self.generator(self.calls))
+        self.calls += 1
+        return chosen.to(device, non_blocking=True), valid.to(device, non_blocking=True)
+
+    def forward(self, features, labels, plan=None):
+        """``plan``: the step's draw (:meth:`host_plan`) when made already, else drawn here."""
         if features.dim() < 3:
             flatten_views(features)                                                  # its error message
-        chosen, valid = kcl_positives(labels, features.shape[1], self.k, self.generator(self.calls))
-        self.calls += 1
+        chosen, valid = self.host_plan(labels, None, features.shape[1], device=features.device) if plan is None \
+            else plan
         return kcl_loss(features, labels, chosen, valid, self.temperature)
 
 
 # ---------------------------------------------------------------- SINCERE and epsilon-SupInfoNCE
 @float32_under_autocast
-def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None):
+def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None, groups=None):
     """SINCERE (``margin = 0``) and epsilon-SupInfoNCE (``margin = eps``) (docs/FIELD.md). Per anchor ``i``::
 
         l_i = 1/|S(i)| sum_{p in S(i)} [ log( exp(s_ip - eps) + sum_{n in D(i)} exp(s_in) ) - s_ip ]
@@ -200,14 +214,15 @@ def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None):
     i.e. each positive is contrasted with itself and the anchor's other-class rows only; ``eps`` in logit units (the
     authors' convention: in cosine units it is ``eps * tau``); mean over all ``M``
     anchors (an anchor without a positive adds 0; one without a negative adds ``-eps``, the equation's value,
-    with no gradient). The per-pair terms run inside class blocks; ``N_i`` comes from one masked logsumexp."""
+    with no gradient). The per-pair terms run inside class blocks (``groups``: the rows' ``losses.class_groups``,
+    built from the labels on the host when not given); ``N_i`` comes from one masked logsumexp."""
     _check_temperature(temperature)
     z, row_labels, _, _, n_views = _rows(features, labels)
     n_rows = z.shape[0]
     logits = self_masked_logits(z, temperature)
     q_logits = queue_logits(z, queue, temperature) if queue is not None else None
     shift = margin                                          # logit units, as the authors' code
-    groups = class_groups(on_host(labels).reshape(-1).repeat(n_views), z.device)
+    groups = _row_groups(labels, n_views, z.device) if groups is None else groups
     zero = torch.zeros((), dtype=z.dtype, device=z.device)
     pair_logits = []                         # read from the logits before negative_logsumexp masks them in place
     for rows, present in groups.blocks:
@@ -247,8 +262,12 @@ class SINCERELoss(Loss):
         _check_temperature(temperature)
         self.temperature = temperature
 
-    def forward(self, features, labels, queue=None):
-        return sincere_loss(features, labels, self.temperature, 0.0, queue)
+    def forward(self, features, labels, queue=None, plan=None):
+        """``plan``: the rows' class groups (:meth:`host_plan`), or ``None``: built here."""
+        return sincere_loss(features, labels, self.temperature, 0.0, queue, plan)
+
+    def host_plan(self, labels, ids, n_views, queue=None, device=None):
+        return _row_groups(labels, n_views, device)
 
 
 class EpsSupInfoNCELoss(Loss):
@@ -271,8 +290,12 @@ class EpsSupInfoNCELoss(Loss):
             raise ValueError(f'margin must be finite and >= 0, got {margin}')
         self.margin, self.temperature = margin, temperature
 
-    def forward(self, features, labels, queue=None):
-        return sincere_loss(features, labels, self.temperature, self.margin, queue)
+    def forward(self, features, labels, queue=None, plan=None):
+        """``plan``: the rows' class groups (:meth:`host_plan`), or ``None``: built here."""
+        return sincere_loss(features, labels, self.temperature, self.margin, queue, plan)
+
+    def host_plan(self, labels, ids, n_views, queue=None, device=None):
+        return _row_groups(labels, n_views, device)
 
 
 # ---------------------------------------------------------------- supervised DCL
@@ -321,7 +344,7 @@ class SupDCLLoss(Loss):
 
 # ---------------------------------------------------------------- L_spread
 @float32_under_autocast
-def spread_loss(features, labels, temperature=0.07, alpha=0.5, queue=None):
+def spread_loss(features, labels, temperature=0.07, alpha=0.5, queue=None, groups=None):
     """L_spread (docs/FIELD.md, "L_spread"): ``(1 - alpha) L_SupCon + alpha L_cNCE``, both means over all ``M``
     anchors, with::
 
@@ -350,7 +373,7 @@ def spread_loss(features, labels, temperature=0.07, alpha=0.5, queue=None):
     supcon = torch.where(has_pos, log_denom - pos_dot / temperature / torch.where(has_pos, n_pos, 1.0), zero)
     # class-conditional InfoNCE: O(i) over S(i)
     own_dot, n_own = positive_dots(z, z, bsz, n_views)
-    groups = class_groups(on_host(labels).reshape(-1).repeat(n_views), z.device)
+    groups = _row_groups(labels, n_views, z.device) if groups is None else groups
     same_lse = groups.per_row([torch.logsumexp(logits[rows[:, :, None], rows[:, None, :]]
                                                .masked_fill(~block_pairs(present), NEG_INF), dim=-1)
                                for rows, present in groups.blocks])             # [M]
@@ -382,5 +405,9 @@ class SpreadLoss(Loss):
             raise ValueError(f'alpha must be in [0, 1], got {alpha}')
         self.alpha, self.temperature = alpha, temperature
 
-    def forward(self, features, labels, queue=None):
-        return spread_loss(features, labels, self.temperature, self.alpha, queue)
+    def forward(self, features, labels, queue=None, plan=None):
+        """``plan``: the rows' class groups (:meth:`host_plan`), or ``None``: built here."""
+        return spread_loss(features, labels, self.temperature, self.alpha, queue, plan)
+
+    def host_plan(self, labels, ids, n_views, queue=None, device=None):
+        return _row_groups(labels, n_views, device)

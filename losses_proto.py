@@ -22,7 +22,7 @@ from losses import (
     queue_logsumexp,
     upcast,
 )
-from losses_field import KCLLoss, kcl_positives
+from losses_field import KCLLoss
 
 
 @float32_under_autocast
@@ -338,11 +338,12 @@ class TSCLoss(KCLLoss):
             self.register_buffer('centroids', torch.zeros(n_classes, feat_dim))
             self.register_buffer('seen', torch.zeros(n_classes, dtype=torch.bool))
 
-    def forward(self, features, labels):
+    def forward(self, features, labels, plan=None):
+        """``plan``: the step's draw of KCL's positives (:meth:`host_plan`) when made already, else drawn here."""
         if features.dim() < 3:
             flatten_views(features)                                                  # its error message
-        chosen, valid = kcl_positives(labels, features.shape[1], self.k, self.generator(self.calls))
-        self.calls += 1
+        chosen, valid = self.host_plan(labels, None, features.shape[1], device=features.device) if plan is None \
+            else plan
         with torch.no_grad():      # this epoch's class sums of the projections (a one-hot product: deterministic)
             z, _, n_views = flatten_views(features.detach().float())
             rows = labels.reshape(-1).to(z.device, non_blocking=True).repeat(n_views)

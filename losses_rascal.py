@@ -267,9 +267,10 @@ class RASCALLoss(Loss):
                              f'but this run needs {tuple(self.cache_feat.shape)}: the dataset or --feat_dim differs')
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def host_plan(self, labels, sample_idx, n_views, queue=None):
+    def host_plan(self, labels, sample_idx, n_views, queue=None, device=None):
         """The batch's :class:`RascalPlan`, built on the host from ``labels`` and ``sample_idx`` ``[B]`` (read there:
-        no wait when they are host tensors, as a loader yields them) and the queue's host copy; checks them."""
+        no wait when they are host tensors, as a loader yields them) and the queue's host copy; checks them. On the
+        cache's device (``device`` is that)."""
         labels, sample_idx = on_host(labels.reshape(-1)), on_host(sample_idx.reshape(-1))
         if labels.shape[0] != sample_idx.shape[0]:
             raise ValueError(f'labels ({labels.shape[0]}) and sample_idx ({sample_idx.shape[0]}) '

@@ -54,9 +54,11 @@ class Method:
         run_name: a hook returning ``(method part, scale part)`` of the run folder's name
             (default: ``(name, 'temp_<--temp>')``).
         stats_prefix: the loss's statistics are logged as ``train/<stats_prefix><name>``.
-        compiles: the loss step (the loss and the statistics, ``steps.Pretraining.loss_from_parts``) traces without
-            a graph break, so ``--compile`` compiles it too, one graph with its backward, where it runs alone
-            (without ``--carrot`` and torchrun); ``tests/training/test_compile_breaks.py`` holds it at 0 breaks.
+        compiles: the loss step (the loss and the statistics, ``steps.Pretraining.loss_from_parts``, given the
+            loss's ``host_plan``) traces without a graph break, so ``--compile`` makes the step's augmentation, model
+            and loss one graph with its backward, where it runs alone (without ``--carrot`` and torchrun);
+            ``tests/training/test_compiled_step.py`` holds it at 0 breaks (a mode that reads the host by design,
+            TSC's ``--tsc_assign step``, keeps its breaks).
     """
     name: str
     build: Callable[..., Any]
@@ -201,12 +203,12 @@ def _check_kcl_k(kcl_k):
 
 register(Method('KCL', lambda kcl_k, temp, seed: KCLLoss(kcl_k, temperature=temp, seed=seed),
                 help='K-positive contrastive (Kang et al. 2021): own view + k drawn same-class positives',
-                flags=KCL_K, check=_check_kcl_k,
+                flags=KCL_K, check=_check_kcl_k, compiles=True,
                 run_name=lambda kcl_k, temp: (f'KCL_k_{kcl_k}', f'temp_{temp}')))
-register(Method('SINCERE', lambda temp: SINCERELoss(temperature=temp), takes_queue=True,
+register(Method('SINCERE', lambda temp: SINCERELoss(temperature=temp), takes_queue=True, compiles=True,
                 help='SINCERE (Feeney & Hughes): no same-class sample in a positive\'s denominator'))
 register(Method('EpsSupInfoNCE', lambda eps_margin, temp: EpsSupInfoNCELoss(eps_margin, temperature=temp),
-                takes_queue=True, help='epsilon-SupInfoNCE (Barbano et al. 2023): SINCERE with a margin',
+                takes_queue=True, compiles=True, help='epsilon-SupInfoNCE (Barbano et al. 2023): SINCERE with a margin',
                 flags={'--eps_margin': dict(type=float, default=0.1,
                                             help='epsilon-SupInfoNCE: the margin eps in logits, as the authors\' '
                                                  'code (eps * temp in cosine similarity)')},
@@ -215,6 +217,7 @@ register(Method('EpsSupInfoNCE', lambda eps_margin, temp: EpsSupInfoNCELoss(eps_
 register(Method('SupDCL', lambda temp: SupDCLLoss(temperature=temp), takes_queue=True, compiles=True,
                 help='supervised decoupled contrastive (Yeh et al. 2022): other classes only in the denominator'))
 register(Method('Spread', lambda spread_alpha, temp: SpreadLoss(spread_alpha, temperature=temp), takes_queue=True,
+                compiles=True,
                 help='L_spread (Chen et al. 2022): SupCon + class-conditional InfoNCE against class collapse',
                 flags={'--spread_alpha': dict(type=float, default=0.5,
                                               help='L_spread: weight of the class-conditional term, in [0, 1] '
@@ -295,7 +298,7 @@ register(Method('TSC', lambda class_counts, feat_dim, kcl_k, temp, tsc_weight, t
                     len(class_counts), feat_dim, kcl_k, temperature=temp, weight=tsc_weight, seed=seed,
                     assign=tsc_assign, device=device),
                 help='targeted supervised contrastive (Li et al. 2022): KCL + class targets spread on the sphere, '
-                     'assigned to classes each epoch (or each step)', stats_prefix='tsc/',
+                     'assigned to classes each epoch (or each step)', stats_prefix='tsc/', compiles=True,
                 flags={**KCL_K, '--tsc_weight': dict(type=float, default=1.0,
                                                      help='TSC: weight lambda of the own-class target among the '
                                                           'positives, which counts as one positive (default 1.0)'),

@@ -179,7 +179,7 @@ def test_training_step_has_no_host_synchronization(mode, chunk):
     assert counter.total == expected, dict(counter.counts)
 
 
-@pytest.mark.parametrize('mode', ['SupCon', 'RASCAL', 'queue'])
+@pytest.mark.parametrize('mode', ['SupCon', 'RASCAL', 'queue', 'KCL', 'Spread'])
 def test_the_compiled_step_has_no_host_synchronization(mode):
     """``--compile`` (inductor): the step's forward and loss as one graph and its backward, counted as the eager step
     is (:func:`test_training_step_has_no_host_synchronization`), after two steps that compile and fill the caches:

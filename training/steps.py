@@ -216,7 +216,7 @@ class Pretraining:
         its compiled graph), its sizes marked dynamic for the compiler: one graph fits every batch."""
         global_ids = gather_labels(ids, self.runtime.device) if self.method.uses_ids else None
         plan = self.criterion.host_plan(self._global_labels(labels), global_ids, n_views,
-                                        self.queue.view() if self.queue is not None else None)
+                                        self.queue.view() if self.queue is not None else None, self.runtime.device)
         if plan is not None and self.compiled_loss:
             dynamic_sizes(plan)
         return plan

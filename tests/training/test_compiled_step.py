@@ -25,9 +25,12 @@ BREAKS = {
     'SimCLR': 0, 'SimCLR --simclr_loss=ntlogistic': 0, 'SimCLR --simclr_loss=margin_triplet': 0,
     'RASCAL': 0, 'RASCAL + queue + CARROT': 7, 'RASCAL --rascal_weighting=current': 0,
     'RASCAL --rascal_weighting=uniform': 0,
-    'KCL': 10, 'SINCERE': 10, 'EpsSupInfoNCE': 10, 'SupDCL': 0, 'Spread': 10, 'BCL': 0,
-    'BCL --bcl_classifier=linear': 0, 'PaCo': 0, 'GPaCo': 0, 'TSC': 10, 'TSC --tsc_assign=step': 14,
+    'KCL': 0, 'SINCERE': 0, 'EpsSupInfoNCE': 0, 'SupDCL': 0, 'Spread': 0, 'BCL': 0,
+    'BCL --bcl_classifier=linear': 0, 'PaCo': 0, 'GPaCo': 0, 'TSC': 0, 'TSC --tsc_assign=step': 6,
 }
+# modes of a compiled method that read the host by design: TSC's authors' schedule matches the targets to the
+# centroids on the host after every step
+BY_DESIGN = {'TSC --tsc_assign=step'}
 # every method mode alone; CARROT (and the queue) with SupCon and RASCAL only: CARROT's breaks are its own, the same
 # on top of any method (each of them measured 6 to 10 more), and each of those modes costs seconds to explain
 MODES = {name: argv for name, argv in method_modes().items()
@@ -91,7 +94,7 @@ def test_the_loss_step_breaks_no_more_often_than_recorded(mode):
     assert mode in BREAKS, f'{mode}: count its graph breaks (graph_breaks) and record them in BREAKS'
     breaks = graph_breaks(build_training(argv))
     assert breaks <= BREAKS[mode], f'{mode}: {breaks} graph breaks, {BREAKS[mode]} recorded'
-    if compiled_alone(argv):        # Method.compiles: by design, none
+    if compiled_alone(argv) and mode not in BY_DESIGN:        # Method.compiles: by design, none
         assert breaks == 0, f'{mode}: {breaks} graph breaks in a loss step that --compile compiles'
 
 
@@ -133,8 +136,9 @@ COMPILED_MODES = {'SupCon': ['--method', 'SupCon'], 'SimCLR + queue': ['--method
                   'RASCAL': ['--method', 'RASCAL'], 'RASCAL + queue': ['--method', 'RASCAL', '--queue_size', '64'],
                   'BCL': ['--method', 'BCL'], 'PaCo + queue': ['--method', 'PaCo', '--queue_size', '64'],
                   'CE': [], 'CE logit-adjusted': ['--loss', 'logit_adjusted'],
-                  'KCL (the loss eager)': ['--method', 'KCL'], 'SINCERE + queue (the loss eager)': [
-                      '--method', 'SINCERE', '--queue_size', '64']}
+                  'KCL': ['--method', 'KCL'], 'SINCERE + queue': ['--method', 'SINCERE', '--queue_size', '64'],
+                  'Spread': ['--method', 'Spread'], 'TSC': ['--method', 'TSC'],
+                  'TSC --tsc_assign step': ['--method', 'TSC', '--tsc_assign', 'step']}
 
 
 @pytest.mark.parametrize('mode', list(COMPILED_MODES))
@@ -147,8 +151,7 @@ def test_the_compiled_step_equals_the_eager_one_bit_for_bit_with_aot_eager(mode)
     eager_losses, eager_params, _ = sgd_steps(COMPILED_MODES[mode], ce=ce, pending=pending)
     losses, params, training = sgd_steps([*COMPILED_MODES[mode], '--compile', '--compile_backend', 'aot_eager'],
                                          ce=ce, pending=pending)
-    compiled = training.forward_parts if 'eager' in mode else training.forward_loss
-    assert hasattr(compiled, '_torchdynamo_orig_callable'), 'the forward is not compiled'
+    assert hasattr(training.forward_loss, '_torchdynamo_orig_callable'), 'the forward is not compiled'
     assert torch.equal(losses, eager_losses)
     assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
 
@@ -212,11 +215,20 @@ def test_one_compiled_rascal_step_fits_every_batch():
             run(compiled=True)
 
 
-def test_carrot_and_the_other_methods_keep_an_eager_loss_step():
-    """The methods with breaks in their loss step compile the augmentation and the model as one graph
-    (``forward_parts``) and run the loss eagerly; with CARROT the modules stay compiled apart (its balance takes the
+def without_compiles(monkeypatch, name='KCL'):
+    """The registry's ``name`` as a method whose loss does not trace whole (``Method.compiles`` false)."""
+    import dataclasses
+
+    import methods
+    monkeypatch.setitem(methods.METHODS, name, dataclasses.replace(methods.METHODS[name], compiles=False))
+
+
+def test_carrot_and_a_method_with_breaks_keep_an_eager_loss_step(monkeypatch):
+    """A method whose loss breaks (``Method.compiles`` false) compiles the augmentation and the model as one graph
+    (``forward_parts``) and runs the loss eagerly; with CARROT the modules stay compiled apart (its balance takes the
     gradient of the loss with respect to the encoder's output, which must be a graph's input, not an inner value)
     and the loss step eager."""
+    without_compiles(monkeypatch)
     eager = ((['--method', 'SupCon', '--carrot'], False), (['--method', 'KCL'], False), (['--carrot'], True))
     for argv, ce in eager:
         training = build_training([*argv, '--compile', '--compile_backend', 'aot_eager'], ce=ce)
@@ -225,6 +237,17 @@ def test_carrot_and_the_other_methods_keep_an_eager_loss_step():
         if not ce:
             parts_compiled = training.forward_parts != training._forward_parts
             assert parts_compiled == ('--carrot' not in argv), argv
+
+
+def test_a_method_with_breaks_compiles_its_augmentation_and_model_bit_for_bit(monkeypatch):
+    """``forward_parts`` under aot_eager: three SGD steps with the augmentation in the graph, bit-equal to eager."""
+    without_compiles(monkeypatch, 'SINCERE')
+    argv = ['--method', 'SINCERE', '--queue_size', '64']
+    eager_losses, eager_params, _ = sgd_steps(argv, pending=True)
+    losses, params, training = sgd_steps([*argv, '--compile', '--compile_backend', 'aot_eager'], pending=True)
+    assert hasattr(training.forward_parts, '_torchdynamo_orig_callable')
+    assert torch.equal(losses, eager_losses)
+    assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
 
 
 @pytest.mark.parametrize('argv', [[], ['--loss', 'logit_adjusted'], ['--supcon_weight', '1'], ['--carrot']],
@@ -343,11 +366,12 @@ def test_the_compiled_step_of_fixed_shapes_is_capturable(mode):
         assert len(rascal) == 1 and dynamic_inputs(rascal[0][1])
 
 
-def test_only_a_compiled_forward_takes_the_augmentation():
+def test_only_a_compiled_forward_takes_the_augmentation(monkeypatch):
     """The loader hands its augmentation over (``pending``) only to a step whose forward is compiled: without
     ``--compile`` the views come augmented as before (on a CPU the CPU's own form of the augmentation). Power: a
     loader without ``pending`` is left alone."""
     from training.loop import pend_augmentation
+    without_compiles(monkeypatch)
     cases = {(): (False, False), ('--compile',): (True, False), ('--compile', '--method', 'KCL'): (False, True),
              ('--compile', '--carrot'): (False, False), ('--compile', '--chunk_size', '4'): (False, False)}
     for argv, want in cases.items():
