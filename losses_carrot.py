@@ -1,8 +1,10 @@
 """CARROT: the same-class similarity corridor regularizer (definition: ``docs/CARROT.md``)."""
+from typing import NamedTuple, Optional
+
 import torch
 import torch.nn.functional as F
 
-from losses import Loss, block_pairs, class_groups, on_host
+from losses import ClassGroups, Loss, block_pairs, class_groups, on_host
 
 FORMS = ('masked', 'blocks')     # the positives' two forms (CARROT's ``form``): the same sums, by definition
 
@@ -38,12 +40,7 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
     upper = valid.triu(1) if sync_free or count is None else None
     if count is None:
         count = int(upper.sum())
-    n_ordered = 2 * count
-    plans = []
-    for q in qs:
-        pos = q * (n_ordered - 1)                                 # position among ordered pairs
-        lo = min(int(pos), n_ordered - 1)
-        plans.append((lo // 2, min(lo + 1, n_ordered - 1) // 2, pos - lo))
+    plans = quantile_plan(count, qs)
     ranks = sorted({r for a, b, _ in plans for r in (a, b)})
     found = {}
     if sync_free:
@@ -62,6 +59,28 @@ def pair_quantiles(values, valid, qs, count=None, bins=4096, sync_free=None):
     else:
         found.update(_bucket_select(values, valid, ranks, bins))
     return torch.stack([found[a] + (found[b] - found[a]) * frac for a, b, frac in plans])
+
+
+def quantile_plan(count, qs):
+    """``[(a, b, frac), ...]`` per quantile of ``qs``: the ranks among the ``count`` unordered pairs between which it
+    interpolates (linear, ``torch.quantile``'s rule on the ``2 count`` ordered pairs) and the fraction."""
+    n_ordered = 2 * count
+    plans = []
+    for q in qs:
+        pos = q * (n_ordered - 1)                                 # position among ordered pairs
+        lo = min(int(pos), n_ordered - 1)
+        plans.append((lo // 2, min(lo + 1, n_ordered - 1) // 2, pos - lo))
+    return plans
+
+
+def sorted_quantiles(values, valid, lo, hi, frac):
+    """:func:`pair_quantiles`' form of fixed shapes, for a compiled graph: the upper triangle's valid values sorted
+    (invalid ones ``+inf``, last), read at the ranks ``lo`` and ``hi`` ``[Q]`` (long tensors, from
+    :func:`quantile_plan`) and interpolated by ``frac`` ``[Q]`` (float32): the same order statistics as the other
+    forms select, so the same values, with no shape that depends on the count and nothing read on the host."""
+    ordered = values.masked_fill(~valid.triu(1), float('inf')).flatten().sort().values
+    found_lo, found_hi = ordered[lo], ordered[hi]
+    return found_lo + (found_hi - found_lo) * frac
 
 
 def _row_chunks(values, valid, bins, rows):
@@ -115,6 +134,25 @@ def _bucket_select(values, valid, ranks, bins, rows=128):
             for r, bucket, n_below in zip(ranks, where, before)}
 
 
+class CarrotPlan(NamedTuple):
+    """What CARROT builds on the host from the values of the labels ``y`` ``[n]`` (:meth:`CARROT.host_plan`): ``y``
+    on the device; the ordered positive and negative pair counts, as host ints (``pos_pairs``, ``neg_pairs``) and as
+    float32 0-d tensors on the device (``num_pos``, ``num_neg``, what a compiled graph reads: no value to specialize
+    on); ``degenerate`` (no positive or no negative pair: ``R = 0``); the walls' ranks among the negative pairs and
+    their interpolation (``lo``, ``hi`` long ``[2]``, ``frac`` float32 ``[2]``, :func:`quantile_plan`); and the
+    same-class blocks by size (``groups``, the blocks form only)."""
+    y: torch.Tensor
+    pos_pairs: int
+    neg_pairs: int
+    num_pos: torch.Tensor
+    num_neg: torch.Tensor
+    degenerate: bool
+    lo: torch.Tensor
+    hi: torch.Tensor
+    frac: torch.Tensor
+    groups: Optional[ClassGroups]
+
+
 class CARROT(Loss):
     """Same-class corridor regularizer ``R(h, y)`` (``docs/CARROT.md``, "The regularizer").
 
@@ -148,42 +186,62 @@ class CARROT(Loss):
             raise ValueError(f'form must be one of {FORMS} or None, got {form!r}')
         self.q_hi, self.q_lo, self.form = q_hi, q_lo, form
 
-    def forward(self, h, y):
+    def host_plan(self, y, device):
+        """The :class:`CarrotPlan` of the labels ``y`` ``[n]`` (read on the host: no wait when they are there), its
+        tensors on ``device``; the class groups for the blocks form."""
+        y_host = on_host(y.reshape(-1))
+        n = y_host.shape[0]
+        counts = torch.unique(y_host, return_counts=True)[1]
+        sq = int((counts * counts).sum())
+        pos_pairs, neg_pairs = sq - n, n * n - sq                            # ordered pairs
+        plans = quantile_plan(max(neg_pairs // 2, 1), (self.q_hi, self.q_lo))
+        lo, hi, frac = zip(*plans)
+        device = torch.device(device)
+        blocks = (self.form or default_form(device)) == 'blocks'
+
+        def there(values, dtype=None):
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+        return CarrotPlan(y_host.to(device, non_blocking=True), pos_pairs, neg_pairs, there(float(pos_pairs)),
+                          there(float(neg_pairs)), pos_pairs == 0 or neg_pairs == 0, there(lo), there(hi),
+                          there(frac, torch.float32), class_groups(y_host, device) if blocks else None)
+
+    def forward(self, h, y, plan=None):
+        """``plan``: the labels' :class:`CarrotPlan` (:meth:`host_plan`) when built already; ``y`` is then not
+        read (the training step builds it before its compiled graph)."""
         if h.dim() != 2:
             raise ValueError(f'h must be [n, D], got {list(h.shape)}; flatten views first')
-        y = y.reshape(-1)
-        if y.shape[0] != h.shape[0]:
-            raise ValueError(f'{y.shape[0]} labels for {h.shape[0]} rows')
+        if plan is None:
+            y = y.reshape(-1)
+            if y.shape[0] != h.shape[0]:
+                raise ValueError(f'{y.shape[0]} labels for {h.shape[0]} rows')
+            plan = self.host_plan(y, h.device)
         with torch.autocast(device_type=h.device.type, enabled=False):
             z = F.normalize(h.float(), dim=1)
-            n = z.shape[0]
-            # the pair counts from the labels on the host (no wait when they come from there)
-            y_host = on_host(y)
-            counts = torch.unique(y_host, return_counts=True)[1]
-            sq = int((counts * counts).sum())
-            num_pos, num_neg = sq - n, n * n - sq                            # ordered pairs
-            y = y.to(h.device, non_blocking=True)
+            y, num_pos, num_neg = plan.y, plan.num_pos, plan.num_neg
             zero = z.new_zeros(())
-            if num_pos == 0 or num_neg == 0:
+            if plan.degenerate:
                 reg = (z * 0).sum()
                 self.last_stats = dict(L=zero, U=zero, num_pos=zero + num_pos, num_neg=zero + num_neg,
                                        pos_mean=zero, pos_max=zero, frac_pos_above_U=zero, frac_pos_below_L=zero,
                                        reg=zero)
                 return reg
             same = y[:, None] == y[None, :]
-            masked = (self.form or default_form(h.device)) == 'masked'
+            masked = plan.groups is None
             s = z @ z.T if masked else (z.detach() @ z.detach().T)          # [n, n]: the walls (and the positives)
             s = s.clamp(-1, 1)
             sd = s.detach()
             with torch.no_grad():   # the walls: quantiles of all negative similarities, no gradient
-                q_hi, q_lo = pair_quantiles(sd, ~same, (self.q_hi, self.q_lo), count=num_neg // 2)
+                if torch.compiler.is_compiling():       # the form of fixed shapes (the same values)
+                    q_hi, q_lo = sorted_quantiles(sd, ~same, plan.lo, plan.hi, plan.frac)
+                else:
+                    q_hi, q_lo = pair_quantiles(sd, ~same, (self.q_hi, self.q_lo), count=plan.neg_pairs // 2)
                 lower = q_hi
                 upper = (1 - (q_hi - q_lo).clamp(min=0)).clamp(min=lower + 1e-3).clamp(max=0.999)
             if masked:              # the positives: one masked pass over [n, n]
                 terms = [(s, same.fill_diagonal_(False))]
             else:                   # the positives: each size group's same-class blocks z_c z_c^T, [c, k, k]
                 terms = [((z[rows] @ z[rows].transpose(1, 2)).clamp(-1, 1), block_pairs(present))
-                         for rows, present in class_groups(y_host, h.device).blocks]
+                         for rows, present in plan.groups.blocks]
             sums, maxima = [], []   # per term: squared excursions, similarity sum, above U, below L; and the max
             for s_pos, pair in terms:
                 # L < U, so at most one wall is crossed: relu(L - s)^2 + relu(s - U)^2 = (relu(L - s) + relu(s - U))^2

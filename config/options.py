@@ -36,10 +36,11 @@ from runtime.checkpoint import run_checkpoint
 from runtime.device import COMPILE, PRECISION, REPRODUCIBILITY
 from runtime.run_folder import fit_name
 from tracking.trackers import TRACKER
+from training.carrot import CARROT_FLAGS
 from training.chunks import CHUNKS
 from training.memory_queue import QUEUE
 from training.schedule import OPTIMIZER, SCHEDULE
-from training.steps import CARROT_FLAGS, CE_LOSS, ONE_STAGE
+from training.steps import CE_LOSS, ONE_STAGE
 
 # The features, in the order of their parts of the run name (SupContrast's order, then ours); the encoder's part is
 # in the middle of the name (encoder_options.encoder_tag), its checks first.
@@ -169,8 +170,7 @@ def validate(opt, script, given):
     info = dataset_info(opt.dataset)
     if info.mean_std is None:
         check(opt.mean and opt.std, f'--dataset {opt.dataset} needs --mean and --std, e.g. --mean "(0.5, 0.5, 0.5)"')
-    if opt.std is not None:
-        check(all(v > 0 for v in opt.std), f'--std must be > 0, got {opt.std}')
+    check(opt.std is None or all(v > 0 for v in opt.std), f'--std must be > 0, got {opt.std}')
     if info.needs_folder:
         check(opt.data_folder, f'--dataset {opt.dataset} needs --data_folder with train/ and val/ '
                                f'ImageFolder sub-folders')

@@ -1,5 +1,6 @@
 """The device of a process, mixed precision and memory layout (:class:`Runtime`), compilation, deterministic
 kernels, and the allocator setting of the CPU augmentation."""
+import functools
 import os
 from dataclasses import dataclass
 
@@ -174,22 +175,42 @@ class Compiler:
             for module in modules:
                 module.compile(**kwargs)
 
-    def function(self, fn, enabled=True):
+    def function(self, fn, enabled=True, trace_grad=False):
         """``torch.compile(fn)`` (a step's forward and loss: its backward compiled with it), or ``fn`` itself
-        without ``--compile`` or when not ``enabled``."""
+        without ``--compile`` or when not ``enabled``. ``trace_grad``: ``fn`` takes gradients itself
+        (``torch.autograd.grad``: CARROT's balance), which the compiler then traces into the graph
+        (:func:`traces_grad`)."""
         if not (self.compile and enabled):
             return fn
-        return torch.compile(fn, **self._start())
+        compiled = torch.compile(fn, **self._start())
+        if not trace_grad:
+            return compiled
+
+        @functools.wraps(fn)
+        def traced(*args, **kwargs):
+            with torch._dynamo.config.patch(trace_autograd_ops=True):
+                return compiled(*args, **kwargs)
+        traced.compiled = compiled
+        return traced
 
 
-def dynamic_sizes(tensors):
-    """Mark every size of ``tensors`` (an iterable; ``None`` entries skipped) dynamic for the compiler
-    (``torch._dynamo.maybe_mark_dynamic``): a compiled graph then takes other sizes without compiling again (a loss's
-    host plan, whose class blocks differ from batch to batch). Nothing happens outside a compiled call."""
-    for t in tensors:
-        if t is not None:
-            for dim in range(t.dim()):
-                torch._dynamo.maybe_mark_dynamic(t, dim)
+def traces_grad():
+    """Whether this torch's compiler traces ``torch.autograd.grad`` into a graph (``torch._dynamo.config.
+    trace_autograd_ops``, torch 2.11 and later): then CARROT's balance is part of the compiled step."""
+    return hasattr(torch._dynamo.config, 'trace_autograd_ops')
+
+
+def dynamic_sizes(plan):
+    """Mark every size of the tensors in ``plan`` (a tensor, or an iterable of them and of such iterables: a loss's
+    host plan; anything else skipped) dynamic for the compiler (``torch._dynamo.maybe_mark_dynamic``): a compiled
+    graph then takes other sizes without compiling again (class blocks differ from batch to batch). Nothing happens
+    outside a compiled call."""
+    if isinstance(plan, torch.Tensor):
+        for dim in range(plan.dim()):
+            torch._dynamo.maybe_mark_dynamic(plan, dim)
+    elif isinstance(plan, (tuple, list)) or hasattr(plan, '__iter__') and not isinstance(plan, (str, bytes, dict)):
+        for part in plan:
+            dynamic_sizes(part)
 
 
 def keep_compiled_shapes():

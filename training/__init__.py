@@ -2,7 +2,8 @@
 
 - ``schedule.py`` (the learning-rate schedule, the optimizers);
 - ``loop.py`` (the loop inside an epoch, the evaluation, the ``Trainer`` protocol), ``steps.py`` (the trainers of
-  main_supcon.py and main_ce.py), ``chunks.py`` (gradient caching), ``memory_queue.py`` (the queue and key encoder);
+  main_supcon.py and main_ce.py), ``carrot.py`` (CARROT as they add it), ``chunks.py`` (gradient caching),
+  ``memory_queue.py`` (the queue and key encoder);
 - ``monitors.py`` (collapse statistics).
 
 It stands on ``runtime`` (device, RNG, distributed, checkpoints, the run folder and log) and imports the ground

@@ -12,20 +12,18 @@ Each step runs in one of two ways with the same loss code (``Pretraining.loss_fr
   batch, the same parameter gradients as the plain step with the memory of one chunk's graph.
 """
 from collections import defaultdict
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 
-from core.flags import Feature, UserError, call_hook, check
+from core.flags import Feature, call_hook, check
 from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
-from losses_carrot import CARROT, grad_balanced_total_loss
-from methods import METHODS, Method, get_method
+from methods import Method, get_method
 from networks import SupCEResNet, SupConResNet
-from runtime.device import Compiler, Runtime, dynamic_sizes
+from runtime.device import Compiler, Runtime, dynamic_sizes, traces_grad
 from runtime.distributed import (
     all_reduce_grads,
-    all_reduce_sum,
     broadcast_state,
     gather,
     gather_labels,
@@ -33,6 +31,7 @@ from runtime.distributed import (
     is_distributed,
     wrap_model,
 )
+from training.carrot import carrot_term
 from training.chunks import cached_step
 from training.loop import Optimization, PendingViews, evaluate_parts, parts_after, pend_augmentation, train_loop
 from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
@@ -40,31 +39,15 @@ from training.monitors import collapse_statistics
 from util import accuracy
 
 
-class CarrotTerm:
-    """``--carrot``: the CARROT regularizer (``losses_carrot.CARROT``, its quantiles ``--carrot_q_hi`` /
-    ``--carrot_q_lo``) with the settings of its weight: a fixed ``weight`` (``--carrot_weight``) or the
-    gradient-balanced alpha capped at ``alpha_max`` (``--carrot_alpha_max``)."""
-
-    def __init__(self, q_hi, q_lo, weight=None, alpha_max=1.0):
-        self.carrot, self.weight, self.alpha_max = CARROT(q_hi, q_lo), weight, alpha_max
-
-    def __call__(self, base, h, labels, params=(), scale=None):
-        """``base + alpha * CARROT(h, labels)`` and the step's statistics. ``params``: parameters between ``h`` and
-        ``base`` (head, classifier); ``scale``: the loss scale of the step's backward (``--amp fp16``; the balance
-        takes its gradients of the scaled terms)."""
-        # under torchrun: corridor and R on the global batch, alpha from norms over the global batch
-        reg = self.carrot(gather_with_grad(h), gather_labels(labels, h.device))
-        balance = {}
-        total, alpha = grad_balanced_total_loss(base, reg, h, params=params, weight=self.weight,
-                                                alpha_max=self.alpha_max, reduce_sum=all_reduce_sum, stats=balance,
-                                                scale=scale)
-        return total, {**{f'carrot/{k}': v for k, v in self.carrot.last_stats.items()}, 'carrot/alpha': alpha,
-                       'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
+class HostPlans(NamedTuple):
+    """What a step builds on the host before its compiled graph, from the values of the labels and ids: the loss's
+    plan (``losses.Loss.host_plan``) and CARROT's (:meth:`CarrotTerm.host_plan`), each ``None`` where there is
+    none."""
+    loss: object = None
+    carrot: object = None
 
 
-def carrot_term(carrot, carrot_q_hi, carrot_q_lo, carrot_weight, carrot_alpha_max):
-    """The :class:`CarrotTerm` of the command line (``None`` without ``--carrot``): a hook (``flags.call_hook``)."""
-    return CarrotTerm(carrot_q_hi, carrot_q_lo, carrot_weight, carrot_alpha_max) if carrot else None
+NO_PLANS = HostPlans()
 
 
 # ---------------------------------------------------------------- stage 1: the pre-training object
@@ -108,11 +91,14 @@ class Pretraining:
         # (Method.compiles; CARROT's autograd.grad and torchrun's gathers break it), the augmentation and the model
         # for the other methods (CARROT needs the encoder's output as a graph's input: its modules stay apart); with
         # gradient caching the loss step alone
-        self.compiled_loss = traced = (opt.compile and self.method.compiles and self.carrot is None
-                                       and not is_distributed())
+        # (CARROT's balance is traced where the compiler traces torch.autograd.grad: runtime.device.traces_grad)
+        with_carrot = self.carrot is not None and traces_grad() and not opt.chunk_size
+        self.compiled_loss = traced = (opt.compile and self.method.compiles and not is_distributed()
+                                       and (self.carrot is None or with_carrot))
         self.loss_in_graph = traced and not opt.chunk_size
         self.parts_in_graph = opt.compile and not (traced or opt.chunk_size or self.carrot or is_distributed())
-        self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph)
+        self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph,
+                                              trace_grad=self.carrot is not None)
         self.forward_parts = compiler.function(self._forward_parts, enabled=self.parts_in_graph)
         self.loss_step = compiler.function(self.loss_from_parts, enabled=traced and bool(opt.chunk_size))
 
@@ -212,14 +198,16 @@ class Pretraining:
         return gather_labels(labels, self.runtime.device) if self.method.uses_labels else None
 
     def host_plan(self, labels, ids, n_views):
-        """The loss's host plan of the (global) batch (``losses.Loss.host_plan``: built before the loss step, out of
-        its compiled graph), its sizes marked dynamic for the compiler: one graph fits every batch."""
-        global_ids = gather_labels(ids, self.runtime.device) if self.method.uses_ids else None
-        plan = self.criterion.host_plan(self._global_labels(labels), global_ids, n_views,
-                                        self.queue.view() if self.queue is not None else None, self.runtime.device)
-        if plan is not None and self.compiled_loss:
-            dynamic_sizes(plan)
-        return plan
+        """The (global) batch's :class:`HostPlans` (``losses.Loss.host_plan``, CARROT's: built before the loss
+        step, out of its compiled graph), their sizes marked dynamic for the compiler: one graph fits every batch."""
+        device = self.runtime.device
+        global_ids = gather_labels(ids, device) if self.method.uses_ids else None
+        plans = HostPlans(self.criterion.host_plan(self._global_labels(labels), global_ids, n_views,
+                                                   self.queue.view() if self.queue is not None else None, device),
+                          self.carrot.host_plan(labels.repeat(n_views), device) if self.carrot is not None else None)
+        if self.compiled_loss:
+            dynamic_sizes(plans)
+        return plans
 
     def loss_from_parts(self, h_enc, h_proj, labels, ids, n_views, scale=None, plan=None):
         """The loss, statistics and the (global, detached) unit features ``[B, V, D]`` from the encoder
@@ -227,9 +215,9 @@ class Pretraining:
         torchrun the loss sees the global batch (samples in rank order); the queue is read as it was before
         this step. The projection is normalized in float32 whatever the autocast dtype (unit features, queue keys
         and RASCAL's similarities are not rounded to 16 bits; an all-zero row stays finite). ``scale``: the loss
-        scale of the backward (``--amp fp16``), for CARROT's balance; ``plan``: the loss's host plan
-        (:meth:`host_plan`), or ``None``."""
-        method = self.method
+        scale of the backward (``--amp fp16``), for CARROT's balance; ``plan``: the :class:`HostPlans`
+        (:meth:`host_plan`; without one the loss and CARROT build theirs)."""
+        method, plan = self.method, plan or NO_PLANS
         bsz = labels.shape[0]
         features = F.normalize(h_proj.float(), dim=1)
         features = torch.stack(torch.split(features, bsz, dim=0), dim=1)  # [bsz, n_views, feat_dim]
@@ -237,9 +225,9 @@ class Pretraining:
         args = (features, self._global_labels(labels))
         if method.uses_ids:
             args += (gather_labels(ids, self.runtime.device),)
-        kwargs = {'queue': self.queue.view(host=plan is None)} if self.queue is not None else {}
-        if plan is not None:
-            kwargs['plan'] = plan
+        kwargs = {'queue': self.queue.view(host=plan.loss is None)} if self.queue is not None else {}
+        if plan.loss is not None:
+            kwargs['plan'] = plan.loss
         if method.uses_encoder_features:       # the global batch's rows, view-major as the features
             per_sample = torch.stack(torch.split(h_enc, bsz, dim=0), dim=1)      # [bsz, n_views, E]
             kwargs['h_enc'] = flatten_views(gather_with_grad(per_sample))[0]
@@ -253,7 +241,7 @@ class Pretraining:
             # the parameters between h and the loss: the head's, and the loss's own (a classifier on h_enc)
             h, params = ((h_enc, [*self.model.head.parameters(), *self.criterion.parameters()])
                          if self.carrot_on == 'encoder' else (h_proj, ()))
-            loss, carrot_stats = self.carrot(loss, h, labels.repeat(n_views), params, scale)
+            loss, carrot_stats = self.carrot(loss, h, labels.repeat(n_views), params, scale, plan.carrot)
             stats.update(carrot_stats)
         return loss, stats, features.detach()
 
@@ -321,10 +309,11 @@ class CETraining:
         compiler.modules(*self.model.children())
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
-        # --compile: the forward and the loss as one graph, as Pretraining's (CARROT and torchrun's gathers break it)
-        traced = opt.compile and self.carrot is None and not is_distributed()
+        # --compile: the forward and the loss as one graph, as Pretraining's (torchrun's gathers break it)
+        traced = opt.compile and not is_distributed() and (self.carrot is None or traces_grad() and not opt.chunk_size)
         self.loss_in_graph = traced and not opt.chunk_size
-        self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph)
+        self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph,
+                                              trace_grad=self.carrot is not None)
         self.loss_step = compiler.function(self.loss_from_parts, enabled=traced and bool(opt.chunk_size))
 
     def checkpointed(self) -> dict:
@@ -358,27 +347,32 @@ class CETraining:
         :meth:`Pretraining.step`, without a queue. Returns ``(loss, statistics)``."""
         runtime = self.runtime
         views = images if isinstance(images, (list, tuple, PendingViews)) else [images]
+        n_views = views.n_views if isinstance(views, PendingViews) else len(views)
         scale = backward.scale(runtime.device) if hasattr(backward, 'scale') else None
 
+        plan = self.carrot.host_plan(labels.repeat(n_views), runtime.device) if self.carrot is not None else None
+        if plan is not None and self.loss_in_graph:
+            dynamic_sizes(plan)
+
         def loss_from(h, out):
-            return self.loss_step(h, out, labels, len(views), scale)
+            return self.loss_step(h, out, labels, n_views, scale, plan)
         if self.chunk_size:
             views = views.views() if isinstance(views, PendingViews) else views
             return cached_step(runtime, self.model, self.model.outputs, views, self.chunk_size, loss_from, backward)
         graph_labels = labels.to(runtime.device, non_blocking=True) if self.loss_in_graph else labels
-        loss, stats = self.forward_loss(views, graph_labels, scale)          # (on the device when compiled)
+        loss, stats = self.forward_loss(views, graph_labels, scale, plan)    # (on the device when compiled)
         backward(loss)                          # under --compile the backward of the same graph (AOTAutograd's)
         return loss.detach(), stats
 
-    def _forward_loss(self, views, labels, scale):
+    def _forward_loss(self, views, labels, scale, plan=None):
         """The plain step's forward: the augmentation of :class:`PendingViews`, the model on the whole batch and
         :meth:`loss_from_parts`; one graph under ``--compile``, as :meth:`Pretraining._forward_loss`."""
         views = views.views() if isinstance(views, PendingViews) else views
         with self.runtime.autocast():
             h, out = self.ddp_model(device_batch(self.runtime, views), parts=True)
-        return self.loss_step(h, out, labels, len(views), scale)
+        return self.loss_step(h, out, labels, len(views), scale, plan)
 
-    def loss_from_parts(self, h, out, labels, n_views=1, scale=None):
+    def loss_from_parts(self, h, out, labels, n_views=1, scale=None, plan=None):
         """Cross-entropy over every view's logits (``+ w * SupCon`` of the projections, global batch under
         torchrun; ``+ CARROT`` on the penultimate features ``h``) and statistics, from the encoder output ``h`` and
         :meth:`SupCEResNet.outputs` ``out`` (view-major rows). ``labels`` where the loader put them (CARROT and
@@ -398,7 +392,7 @@ class CETraining:
             loss = loss + self.supcon_weight * supcon
             params += list(self.model.head.parameters())
         if self.carrot is not None:
-            loss, carrot_stats = self.carrot(loss, h, rows, params, scale)
+            loss, carrot_stats = self.carrot(loss, h, rows, params, scale, plan)
             stats.update(carrot_stats)
         return loss, stats
 
@@ -421,37 +415,6 @@ def device_batch(runtime, views):
 
 
 # ---------------------------------------------------------------- the flags of CARROT, the CE loss, one stage
-def _check_carrot(carrot, carrot_q_lo, carrot_q_hi, carrot_weight, carrot_alpha_max, method_entry, given):
-    check(0 <= carrot_q_lo < carrot_q_hi <= 1,
-          f'need 0 <= --carrot_q_lo < --carrot_q_hi <= 1, got {carrot_q_lo} and {carrot_q_hi}')
-    if not carrot:
-        stray = [f for f in ('carrot_on', 'carrot_weight', 'carrot_alpha_max') if f in given]
-        check(not stray, f'--{stray[0] if stray else ""} needs --carrot')
-        return
-    if method_entry is not None and not method_entry.uses_labels:
-        with_labels = ' or '.join(m.name for m in METHODS.values() if m.uses_labels)
-        raise UserError(f'--carrot needs class labels: use it with --method {with_labels}, not {method_entry.name}')
-    check(carrot_weight is None or carrot_weight >= 0, '--carrot_weight must be >= 0')
-    check(carrot_weight is None or 'carrot_alpha_max' not in given,
-          '--carrot_alpha_max caps the balanced weight; with a fixed --carrot_weight it has no effect: give one')
-    check(carrot_alpha_max > 0, f'--carrot_alpha_max must be > 0 (inf: no cap), got {carrot_alpha_max}')
-
-
-CARROT_FLAGS = Feature(
-    'CARROT (docs/CARROT.md)', scripts=('supcon', 'ce'), check=_check_carrot,
-    flags={'--carrot': dict(action='store_true', help='add the CARROT corridor regularizer (needs labels)'),
-           '--carrot_on': dict(choices=['encoder', 'head'], default='encoder', scripts=('supcon',),
-                               help='CARROT on the encoder output or the projection output'),
-           '--carrot_q_hi': dict(type=float, default=0.9, help='CARROT: negative quantile for the lower wall L'),
-           '--carrot_q_lo': dict(type=float, default=0.1,
-                                 help='CARROT: lower negative quantile (U = 1 - (q_hi - q_lo))'),
-           '--carrot_weight': dict(type=float, default=None,
-                                   help='CARROT: a fixed weight instead of gradient balancing (default: balanced)'),
-           '--carrot_alpha_max': dict(type=float, default=1.0, infinite_ok=True,
-                                      help='CARROT: cap on the balanced weight (inf: no cap, the first definition)')},
-    run_name=lambda carrot, carrot_on: ('_carrot' + ('-head' if carrot_on == 'head' else '')) if carrot else '')
-
-
 def _check_ce_loss(loss, la_tau, given):
     check(loss == 'logit_adjusted' or 'la_tau' not in given,
           f'--la_tau needs --loss logit_adjusted (balanced_softmax is tau = 1), got --loss {loss}')
