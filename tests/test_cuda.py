@@ -179,7 +179,7 @@ def test_training_step_has_no_host_synchronization(mode, chunk):
     assert counter.total == expected, dict(counter.counts)
 
 
-@pytest.mark.parametrize('mode', ['SupCon', 'RASCAL', 'queue', 'KCL', 'Spread'])
+@pytest.mark.parametrize('mode', ['SupCon', 'RASCAL', 'queue', 'KCL', 'Spread', 'CARROT', 'RASCAL + queue + CARROT'])
 def test_the_compiled_step_has_no_host_synchronization(mode):
     """``--compile`` (inductor): the step's forward and loss as one graph and its backward, counted as the eager step
     is (:func:`test_training_step_has_no_host_synchronization`), after two steps that compile and fill the caches:
@@ -199,8 +199,10 @@ def test_the_compiled_step_has_no_host_synchronization(mode):
 
 @pytest.mark.parametrize('argv, ce', [([], False), (['--queue_size', '512', '--amp', 'bf16'], False),
                                       (['--method', 'SimCLR'], False), (['--method', 'RASCAL', '--queue_size', '512'],
-                                                                        False), ([], True)],
-                         ids=['supcon', 'supcon-queue-bf16', 'simclr', 'rascal-queue', 'ce'])
+                                                                        False), ([], True), (['--carrot'], False),
+                                      (['--carrot'], True)],
+                         ids=['supcon', 'supcon-queue-bf16', 'simclr', 'rascal-queue', 'ce', 'supcon-carrot',
+                              'ce-carrot'])
 def test_the_compiled_loss_step_trains_on_cuda(argv, ce, tmp_path):
     """``--compile`` on CUDA compiles the step's forward and loss as one graph (``Method.compiles``; labels from the
     host, RASCAL's plan built there): a run of the real script trains and evaluates, and its checkpoint loads without

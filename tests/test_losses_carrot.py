@@ -91,6 +91,25 @@ def test_the_cpu_form_reads_the_triangle_in_chunks_of_any_size(rows):
 
 
 @pytest.mark.parametrize('q', [0.0, 0.1, 0.37, 0.9, 1.0])
+def test_the_sorted_form_of_a_compiled_graph_gives_the_same_values(q):
+    """``sorted_quantiles`` (the form of fixed shapes a compiled graph uses: the triangle sorted, read at rank tensors
+    from ``quantile_plan``) returns the CPU and the accelerator forms' values bit for bit, ties included."""
+    from losses_carrot import quantile_plan, sorted_quantiles
+    for seed in range(3):
+        z = F.normalize(rand(40, 4, seed, dtype=torch.float32), dim=1)
+        S = (z @ z.T).clamp(-1, 1)
+        S[::3] = S[::3].round(decimals=1)
+        S = torch.maximum(S, S.T)
+        y = torch.randint(0, 4, (40,), generator=torch.Generator().manual_seed(seed))
+        neg = y[:, None] != y[None, :]
+        count = int(neg.triu(1).sum())
+        lo, hi, frac = zip(*quantile_plan(count, (q, 0.5)))
+        got = sorted_quantiles(S, neg, torch.tensor(lo), torch.tensor(hi), torch.tensor(frac, dtype=torch.float32))
+        for sync_free in (False, True):
+            assert torch.equal(got, pair_quantiles(S, neg, (q, 0.5), count=count, sync_free=sync_free))
+
+
+@pytest.mark.parametrize('q', [0.0, 0.1, 0.37, 0.9, 1.0])
 def test_pair_quantile_forms_select_the_same_values(q):
     """The CPU form (histogram, then kthvalue in a bucket) and the accelerator form (topk on the whole triangle from
     the nearer side, no host read) pick the same order statistics: equal bit for bit, ties included."""
