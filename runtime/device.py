@@ -176,22 +176,23 @@ class Compiler:
                 module.compile(**kwargs)
 
     def function(self, fn, enabled=True, trace_grad=False):
-        """``torch.compile(fn)`` (a step's forward and loss: its backward compiled with it), or ``fn`` itself
-        without ``--compile`` or when not ``enabled``. ``trace_grad``: ``fn`` takes gradients itself
-        (``torch.autograd.grad``: CARROT's balance), which the compiler then traces into the graph
-        (:func:`traces_grad`)."""
+        """``torch.compile(fn)`` (a step's forward and loss: its backward compiled with it; the compiled function is
+        the result's ``compiled``), or ``fn`` itself without ``--compile`` or when not ``enabled``. ``trace_grad``:
+        ``fn`` takes gradients itself (``torch.autograd.grad``: CARROT's balance), which the compiler then traces into
+        the graph (:func:`traces_grad`). A step's graph is the largest the run compiles: where the compiler fails on
+        it (a torch release that cannot trace one of its parts), that part runs eagerly, with the compiler's warning,
+        instead of ending the run (``suppress_errors``)."""
         if not (self.compile and enabled):
             return fn
         compiled = torch.compile(fn, **self._start())
-        if not trace_grad:
-            return compiled
+        settings = dict(suppress_errors=True, **({'trace_autograd_ops': True} if trace_grad else {}))
 
         @functools.wraps(fn)
-        def traced(*args, **kwargs):
-            with torch._dynamo.config.patch(trace_autograd_ops=True):
+        def step(*args, **kwargs):
+            with torch._dynamo.config.patch(**settings):
                 return compiled(*args, **kwargs)
-        traced.compiled = compiled
-        return traced
+        step.compiled = compiled
+        return step
 
 
 def traces_grad():

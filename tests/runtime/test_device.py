@@ -146,3 +146,27 @@ def test_the_compiler_passes_its_backend_and_mode(monkeypatch):
     assert device.Compiler(True).function(len, enabled=False) is len
     assert calls == [dict(backend='inductor', mode='reduce-overhead'), dict(backend='inductor', mode=None)]
     torch.compiler.set_stance('default')
+
+
+def test_a_compiler_failure_on_the_step_runs_it_eagerly(caplog):
+    """A step's function whose compilation fails (here a backend that raises, as a torch release that cannot trace a
+    part would) runs eagerly with the same result and the compiler's warning, instead of ending the run. Power: the
+    same function compiled without the wrapper raises."""
+    from runtime import device
+
+    def failing(gm, example_inputs):
+        raise RuntimeError('this backend cannot compile it')
+
+    def fn(x):
+        return (x * 2).sum()
+    x = torch.arange(4.0)
+    torch._dynamo.reset()
+    try:
+        step = device.Compiler(True, failing).function(fn)
+        assert step(x) == fn(x) and hasattr(step, 'compiled')
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match='cannot compile'):
+            torch.compile(fn, backend=failing)(x)
+    finally:
+        torch._dynamo.reset()
+        torch.compiler.set_stance('default')
