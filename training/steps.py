@@ -7,7 +7,8 @@ after it.
 Each step runs in one of two ways with the same loss code (``Pretraining.loss_from_parts``,
 ``CETraining.loss_from_parts``):
 
-- plain: the model on the whole batch, one backward;
+- plain: the model on the whole batch, one backward (under ``--compile`` the augmentation, the model and the loss
+  as one graph, ``_forward_loss``, after the host has built the loss's and CARROT's plans, :class:`HostPlans`);
 - gradient caching (``--chunk_size N``, ``training/chunks.py``): the encoder per chunk, the loss on the whole
   batch, the same parameter gradients as the plain step with the memory of one chunk's graph.
 """
