@@ -210,11 +210,9 @@ class CARROT(Loss):
         read (the training step builds it before its compiled graph)."""
         if h.dim() != 2:
             raise ValueError(f'h must be [n, D], got {list(h.shape)}; flatten views first')
-        if plan is None:
-            y = y.reshape(-1)
-            if y.shape[0] != h.shape[0]:
-                raise ValueError(f'{y.shape[0]} labels for {h.shape[0]} rows')
-            plan = self.host_plan(y, h.device)
+        plan = self.host_plan(y, h.device) if plan is None else plan
+        if plan.y.shape[0] != h.shape[0]:
+            raise ValueError(f'{plan.y.shape[0]} labels for {h.shape[0]} rows')
         with torch.autocast(device_type=h.device.type, enabled=False):
             z = F.normalize(h.float(), dim=1)
             y, num_pos, num_neg = plan.y, plan.num_pos, plan.num_neg

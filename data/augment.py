@@ -400,10 +400,8 @@ class BatchAugment:
         return normalize(x, self.mean, self.std)
 
     def apply_in_graph(self, images, params):
-        """:meth:`apply` in its form without host reads on every device (on a GPU the same numbers; on a CPU within
-        float rounding of its own form), for a compiled step (``training.loop.PendingViews``)."""
-        if self.kind == 'eval':
-            return self.apply(images, params)
+        """:meth:`apply` of a training kind in its form without host reads on every device (on a GPU the same numbers;
+        on a CPU within float rounding of its own form), for a compiled step (``training.loop.PendingViews``)."""
         return self._apply(images, params, sync_free=True)
 
     def __call__(self, images):

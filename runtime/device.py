@@ -209,7 +209,7 @@ def dynamic_sizes(plan):
     if isinstance(plan, torch.Tensor):
         for dim in range(plan.dim()):
             torch._dynamo.maybe_mark_dynamic(plan, dim)
-    elif isinstance(plan, (tuple, list)) or hasattr(plan, '__iter__') and not isinstance(plan, (str, bytes, dict)):
+    elif hasattr(plan, '__iter__') and not isinstance(plan, (str, bytes, dict)):
         for part in plan:
             dynamic_sizes(part)
 

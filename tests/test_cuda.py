@@ -165,9 +165,15 @@ def test_training_step_has_no_host_synchronization(mode, chunk):
     each wait counted where it happens: ``benchmarks/loop_syncs.CudaSyncCounter``), after two warm-up steps that
     fill RASCAL's cache and the queue's host copy: no wait, except the reads a mode makes by design, which are the
     CPU test's expectation (``sync_count.READS_BY_DESIGN``)."""
+    counts = steady_state_cuda_syncs(build_training(SYNC_MODES[mode], chunk=chunk, device='cuda', train=True))
+    assert sum(counts.values()) == sum(READS_BY_DESIGN.get(mode, {}).values()), counts
+
+
+def steady_state_cuda_syncs(training):
+    """The waits for the device (``benchmarks/loop_syncs.CudaSyncCounter``) of the third step on one fixed batch (its
+    views pinned): the first two fill RASCAL's cache and the queue's host copy (and compile, under ``--compile``)."""
     from benchmarks.loop_syncs import CudaSyncCounter
     views, labels, ids = step_batch()
-    training = build_training(SYNC_MODES[mode], chunk=chunk, device='cuda', train=True)
     views = [v.pin_memory() for v in views]
     for _ in range(2):
         training.model.zero_grad()
@@ -175,8 +181,7 @@ def test_training_step_has_no_host_synchronization(mode, chunk):
     training.model.zero_grad()
     with CudaSyncCounter() as counter:
         training.step(views, labels, ids)
-    expected = sum(READS_BY_DESIGN.get(mode, {}).values())
-    assert counter.total == expected, dict(counter.counts)
+    return dict(counter.counts)
 
 
 @pytest.mark.parametrize('mode', ['SupCon', 'RASCAL', 'queue', 'KCL', 'Spread', 'CARROT', 'RASCAL + queue + CARROT'])
@@ -184,17 +189,8 @@ def test_the_compiled_step_has_no_host_synchronization(mode):
     """``--compile`` (inductor): the step's forward and loss as one graph and its backward, counted as the eager step
     is (:func:`test_training_step_has_no_host_synchronization`), after two steps that compile and fill the caches:
     no wait beyond the eager step's by design (RASCAL's plan is built on the host, outside the graph)."""
-    from benchmarks.loop_syncs import CudaSyncCounter
-    views, labels, ids = step_batch()
-    training = build_training([*SYNC_MODES[mode], '--compile'], device='cuda', train=True)
-    views = [v.pin_memory() for v in views]
-    for _ in range(2):
-        training.model.zero_grad()
-        training.step(views, labels, ids)
-    training.model.zero_grad()
-    with CudaSyncCounter() as counter:
-        training.step(views, labels, ids)
-    assert counter.total == sum(READS_BY_DESIGN.get(mode, {}).values()), dict(counter.counts)
+    counts = steady_state_cuda_syncs(build_training([*SYNC_MODES[mode], '--compile'], device='cuda', train=True))
+    assert sum(counts.values()) == sum(READS_BY_DESIGN.get(mode, {}).values()), counts
 
 
 @pytest.mark.parametrize('argv, ce', [([], False), (['--queue_size', '512', '--amp', 'bf16'], False),

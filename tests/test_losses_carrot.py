@@ -243,6 +243,8 @@ def test_bad_arguments():
         CARROT()(torch.randn(2, 2, 3), torch.zeros(2))
     with pytest.raises(ValueError, match='labels'):
         CARROT()(torch.randn(4, 3), torch.zeros(3))
+    with pytest.raises(ValueError, match='3 labels for 4 rows'):          # a plan of another batch
+        CARROT()(torch.randn(4, 3), None, CARROT().host_plan(torch.zeros(3), 'cpu'))
 
 
 @pytest.mark.parametrize('alpha_max', [1.0, float('inf'), None])
