@@ -112,12 +112,13 @@ def exec_signals():
 
 
 def _repo_module(module):
-    """Whether ``module`` is one of the repo's own (not an installed package in its ``.venv``)."""
-    repo, venv = ROOT + os.sep, os.path.join(ROOT, '.venv') + os.sep
+    """Whether ``module`` is one of the repo's own (not an installed package in one of its virtualenvs: ``.venv``,
+    ``.venv-gpu-image``)."""
+    repo, venv = ROOT + os.sep, os.path.join(ROOT, '.venv')
     where = [getattr(module, '__file__', None)]
     try:
         where += list(getattr(module, '__path__', None) or [])
-    except TypeError:
+    except (TypeError, KeyError):      # a namespace package whose parent has left sys.modules
         pass
     return any(isinstance(w, str) and w.startswith(repo) and not w.startswith(venv) for w in where)
 
