@@ -1,6 +1,7 @@
 """The command line's run-time side (:func:`run_cli`): a :class:`flags.UserError` as one line on stderr with exit
 status 2, Ctrl-C and SIGTERM as one line saying how to continue the run (exit 130 and 143), and under torchrun a dead
 peer as one line instead of gloo's or NCCL's traceback."""
+import gc
 import os
 import re
 import signal
@@ -59,8 +60,10 @@ def run_cli(main):
         signal.signal(signal.SIGINT, _raise_interrupted)
     import torch.distributed as dist  # here, not at the top: sweep.py --status reads error_line without torch
 
+    ended_well = False
     try:
         main()
+        ended_well = True
     except UserError as e:
         close_trackers('FAILED')
         print(f'{prog}: error: {error_line(e)}', file=sys.stderr)
@@ -89,6 +92,17 @@ def run_cli(main):
                 dist.destroy_process_group()
             except Exception:      # a process group whose peer is gone may not shut down cleanly: nothing to add
                 pass
+            if ended_well:
+                end_process_groups()
+
+
+def end_process_groups():
+    """Free the process groups that ``destroy_process_group`` let go of, now. A run's objects hold the group in
+    reference cycles, so it would be freed during the interpreter's shutdown, where a gloo worker thread that drops
+    its last finished collective (tensors with Python objects) cannot take the GIL and aborts the process (SIGABRT,
+    "terminate called without an active exception", after a run that ended well). Freed here, the group joins its
+    threads while the interpreter is whole. After a good run only: no collective is left running."""
+    gc.collect()
 
 
 PEER_FAILURES = ('Connection reset by peer', 'Connection closed by peer', 'Broken pipe', 'Connection refused',
