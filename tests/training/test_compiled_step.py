@@ -78,8 +78,10 @@ def in_a_child(fn):
         os._exit(0)
     os.close(write)
     with os.fdopen(read, 'rb') as f:
-        kind, value = pickle.load(f)
-    os.waitpid(pid, 0)
+        sent = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert sent, f'the child ended without a result (wait status {status})'
+    kind, value = pickle.loads(sent)
     assert kind == 'ok', value
     return value
 
@@ -155,12 +157,15 @@ def test_the_compiled_step_equals_the_eager_one_bit_for_bit_with_aot_eager(mode)
     if 'CARROT' in mode and not traces_grad():
         pytest.skip('this torch does not trace torch.autograd.grad: CARROT keeps an eager loss step')
     pending = list(COMPILED_MODES).index(mode) % 2 == 0
-    eager_losses, eager_params, _ = sgd_steps(COMPILED_MODES[mode], ce=ce, pending=pending)
-    losses, params, training = sgd_steps([*COMPILED_MODES[mode], '--compile', '--compile_backend', 'aot_eager'],
-                                         ce=ce, pending=pending)
-    assert hasattr(training.forward_loss.compiled, '_torchdynamo_orig_callable'), 'the forward is not compiled'
-    assert torch.equal(losses, eager_losses)
-    assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
+
+    def compare():
+        eager_losses, eager_params, _ = sgd_steps(COMPILED_MODES[mode], ce=ce, pending=pending)
+        losses, params, training = sgd_steps([*COMPILED_MODES[mode], '--compile', '--compile_backend', 'aot_eager'],
+                                             ce=ce, pending=pending)
+        assert hasattr(training.forward_loss.compiled, '_torchdynamo_orig_callable'), 'the forward is not compiled'
+        assert torch.equal(losses, eager_losses), 'the losses differ'
+        assert all(torch.equal(a, b) for a, b in zip(params, eager_params)), 'the parameters differ'
+    in_a_child(compare) if 'CARROT' in mode else compare()       # CARROT traces torch.autograd.grad: see in_a_child
 
 
 @pytest.mark.parametrize('mode', ['SupCon', 'RASCAL + queue', 'PaCo + queue', 'CE'])
@@ -437,7 +442,10 @@ def test_carrot_in_the_graph_under_a_loss_scale_equals_the_eager_step():
             scaler.step(optimizer)
             scaler.update()
         return torch.stack(losses), params
-    eager_losses, eager_params = run(['--carrot', '--amp', 'fp16'])
-    losses, params = run(['--carrot', '--amp', 'fp16', '--compile', '--compile_backend', 'aot_eager'])
-    assert torch.equal(losses, eager_losses)
-    assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
+
+    def compare():
+        eager_losses, eager_params = run(['--carrot', '--amp', 'fp16'])
+        losses, params = run(['--carrot', '--amp', 'fp16', '--compile', '--compile_backend', 'aot_eager'])
+        assert torch.equal(losses, eager_losses), 'the losses differ'
+        assert all(torch.equal(a, b) for a, b in zip(params, eager_params)), 'the parameters differ'
+    in_a_child(compare)          # the traced torch.autograd.grad: see in_a_child

@@ -104,6 +104,16 @@ def test_calibration_bins_hold_their_lower_edge():
     assert bins.sums[1].tolist() == pytest.approx([0, 0, 0.5 + 0.7499, 0.75, 1.0])
 
 
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                        torch.nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eagerly(monkeypatch):
     """``--compile``: after the loop's first step, an epoch's last, smaller batch and an eval-mode call run eagerly
     instead of compiling again (on an H100 the recompile of ResNet-50 for CIFAR-10's last batch took over 80 s); the
@@ -120,8 +130,7 @@ def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eager
         if not keep:
             monkeypatch.setattr(loop, 'keep_compiled_shapes', lambda: None)
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                                    torch.nn.Linear(8, 2))
+        model = _Net()      # a module of ours, as the scripts' models: torch 2.11 compiles no torch.nn.Sequential
         device.Compiler(True, 'eager').modules(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         batches = _Batches([(torch.randn(16, 4),), (torch.randn(16, 4),), (torch.randn(12, 4),)])
