@@ -19,6 +19,7 @@ RUNS = {
     'class_blocks_cost': ['--batch', '64', '--reps', '1'],
     'tsc_targets': ['--classes', '20', '--dim', '4', '--steps', '50'],
     'feature_scale': ['--smoke'],
+    'torchrun_exits': ['--runs', '1', '--parallel', '1', '--no_resume'],
 }
 
 
