@@ -56,7 +56,8 @@ class Method:
         stats_prefix: the loss's statistics are logged as ``train/<stats_prefix><name>``.
         compiles: the loss step (the loss and the statistics, ``steps.Pretraining.loss_from_parts``, given the
             loss's ``host_plan``) traces without a graph break, so ``--compile`` makes the step's augmentation, model
-            and loss one graph with its backward, where it runs alone (without ``--carrot`` and torchrun);
+            and loss one graph with its backward, where it runs in one process (with ``--carrot`` too where
+            ``training.carrot.compiles_with`` says so);
             ``tests/training/test_compiled_step.py`` holds it at 0 breaks (a mode that reads the host by design,
             TSC's ``--tsc_assign step``, keeps its breaks).
     """

@@ -26,6 +26,14 @@ FAST = [*FAST_FILES, '--size', '8', '--augment', 'device', '--model', 'resnet_na
 CPU_AUGMENT = ['--augment', 'cpu']
 
 
+def free_port():
+    """A TCP port of 127.0.0.1 that is free now (for a process group's rendezvous)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
 def script_env(**extra):
     """The environment every subprocess of the suite runs in. One thread per script under pytest-xdist (the
     workers share the cores), two otherwise; the same for every run of a test, since a different thread

@@ -3,6 +3,7 @@ the settings of its weight, which ``steps.Pretraining`` and ``steps.CETraining``
 from core.flags import Feature, UserError, check
 from losses_carrot import CARROT, grad_balanced_total_loss
 from methods import METHODS
+from runtime.device import traces_grad
 from runtime.distributed import all_reduce_sum, gather_labels, gather_with_grad
 
 
@@ -31,6 +32,13 @@ class CarrotTerm:
                                                 scale=scale)
         return total, {**{f'carrot/{k}': v for k, v in self.carrot.last_stats.items()}, 'carrot/alpha': alpha,
                        'carrot/ratio': balance['ratio'], 'carrot/cap_binds': balance['cap_binds']}
+
+
+def compiles_with(carrot, chunk_size):
+    """Whether a step with ``carrot`` (a :class:`CarrotTerm`, or ``None`` without ``--carrot``) can compile its loss:
+    CARROT's balance is traced where the compiler traces ``torch.autograd.grad`` (``runtime.device.traces_grad``),
+    and not with ``--chunk_size`` (its chunked backward takes the gradients eagerly)."""
+    return carrot is None or (traces_grad() and not chunk_size)
 
 
 def carrot_term(carrot, carrot_q_hi, carrot_q_lo, carrot_weight, carrot_alpha_max):

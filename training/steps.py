@@ -22,7 +22,7 @@ from core.flags import Feature, call_hook, check
 from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from methods import Method, get_method
 from networks import SupCEResNet, SupConResNet
-from runtime.device import Compiler, Runtime, dynamic_sizes, traces_grad
+from runtime.device import Compiler, Runtime, dynamic_sizes
 from runtime.distributed import (
     all_reduce_grads,
     broadcast_state,
@@ -32,7 +32,7 @@ from runtime.distributed import (
     is_distributed,
     wrap_model,
 )
-from training.carrot import carrot_term
+from training.carrot import carrot_term, compiles_with
 from training.chunks import cached_step
 from training.loop import Optimization, PendingViews, evaluate_parts, parts_after, pend_augmentation, train_loop
 from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
@@ -89,13 +89,11 @@ class Pretraining:
         self.carrot = call_hook(carrot_term, opt)
         self.queue = MemoryQueue(opt.queue_size, opt.feat_dim).to(runtime.device) if opt.queue_size else None
         # --compile: the augmentation, the model and the loss as one graph where the loss traces whole
-        # (Method.compiles; CARROT's autograd.grad and torchrun's gathers break it), the augmentation and the model
+        # (Method.compiles, and CARROT where it compiles; torchrun's gathers break it), the augmentation and the model
         # for the other methods (CARROT needs the encoder's output as a graph's input: its modules stay apart); with
         # gradient caching the loss step alone
-        # (CARROT's balance is traced where the compiler traces torch.autograd.grad: runtime.device.traces_grad)
-        with_carrot = self.carrot is not None and traces_grad() and not opt.chunk_size
         self.compiled_loss = traced = (opt.compile and self.method.compiles and not is_distributed()
-                                       and (self.carrot is None or with_carrot))
+                                       and compiles_with(self.carrot, opt.chunk_size))
         self.loss_in_graph = traced and not opt.chunk_size
         self.parts_in_graph = opt.compile and not (traced or opt.chunk_size or self.carrot or is_distributed())
         self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph,
@@ -311,7 +309,7 @@ class CETraining:
         self.ddp_model = wrap_model(self.model, runtime.device, opt.syncBN, bool(opt.chunk_size))   # itself alone
         self.carrot = call_hook(carrot_term, opt)
         # --compile: the forward and the loss as one graph, as Pretraining's (torchrun's gathers break it)
-        traced = opt.compile and not is_distributed() and (self.carrot is None or traces_grad() and not opt.chunk_size)
+        traced = opt.compile and not is_distributed() and compiles_with(self.carrot, opt.chunk_size)
         self.loss_in_graph = traced and not opt.chunk_size
         self.forward_loss = compiler.function(self._forward_loss, enabled=self.loss_in_graph,
                                               trace_grad=self.carrot is not None)

@@ -1,13 +1,13 @@
 """config/cli.py: how a run under torchrun ends (the rest of ``run_cli`` is tested through the scripts)."""
 import gc
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from config import cli
+from helpers import free_port
 
 WORLD = 2
 
@@ -41,10 +41,7 @@ def _rank(rank, port, folder, collect):
 
 
 def threads_before_and_after(folder, collect):
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_rank, args=(port, str(folder), collect), nprocs=WORLD, join=True, start_method='fork')
+    mp.start_processes(_rank, args=(free_port(), str(folder), collect), nprocs=WORLD, join=True, start_method='fork')
     return [tuple(int(n) for n in open(os.path.join(folder, str(r))).read().split()) for r in range(WORLD)]
 
 

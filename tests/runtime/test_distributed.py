@@ -2,7 +2,6 @@
 batch, RASCAL caches stay identical, and torchrun runs the real scripts end to end."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ from helpers import (
     ROOT,
     STEP_BSZ,
     build_training,
+    free_port,
     load,
     method_modes,
     only_run_folder,
@@ -40,12 +40,6 @@ CASES = {**method_modes(queue=('--queue_size', '64', '--moco_m', '0.9')),
 
 
 CHUNK_CASES = ['SupCon', 'RASCAL+CARROT-head', 'CE+CARROT']
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def one_step(case, rank=0, world=1, train=False, chunk=0):

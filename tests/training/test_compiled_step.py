@@ -242,9 +242,9 @@ def test_carrot_and_a_method_with_breaks_keep_an_eager_loss_step(monkeypatch):
     loss with respect to the encoder's output, which must then be a graph's input, not an inner value) and the loss
     step eager."""
     import runtime.device
-    import training.steps
+    import training.carrot
     without_compiles(monkeypatch)
-    monkeypatch.setattr(training.steps, 'traces_grad', lambda: False)
+    monkeypatch.setattr(training.carrot, 'traces_grad', lambda: False)
     assert runtime.device.traces_grad() == hasattr(torch._dynamo.config, 'trace_autograd_ops')
     eager = ((['--method', 'SupCon', '--carrot'], False), (['--method', 'KCL'], False), (['--carrot'], True))
     for argv, ce in eager:
