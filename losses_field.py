@@ -223,26 +223,43 @@ def sincere_loss(features, labels, temperature=0.07, margin=0.0, queue=None, gro
     q_logits = queue_logits(z, queue, temperature) if queue is not None else None
     shift = margin                                          # logit units, as the authors' code
     groups = _row_groups(labels, n_views, z.device) if groups is None else groups
-    zero = torch.zeros((), dtype=z.dtype, device=z.device)
-    pair_logits = []                         # read from the logits before negative_logsumexp masks them in place
+    pairs = block_logits(logits, groups)             # read before negative_logsumexp masks the logits in place
+    neg = negative_logsumexp(logits, row_labels, queue, q_logits)               # [M]
+
+    def term(s, n):
+        return torch.logaddexp(s - shift, n) - s
+    per_row, _ = positive_pair_mean(pairs, groups, neg, term, q_logits,
+                                    _queue_same(row_labels, queue) if queue is not None else None)
+    return _mean_over_anchors(per_row, n_rows)
+
+
+def block_logits(logits, groups):
+    """``[(pairs [c, k, k], rows [c, k], values [c, k, k])]`` per group of ``groups`` (``losses.class_groups``): the
+    logits of the same-class pairs inside each class block, 0 at the other entries (finite everywhere)."""
+    zero = torch.zeros((), dtype=logits.dtype, device=logits.device)
+    out = []
     for rows, present in groups.blocks:
         pairs = block_pairs(present)                                             # [c, k, k]
-        pair_logits.append((pairs, rows, torch.where(pairs, logits[rows[:, :, None], rows[:, None, :]], zero)))
-    neg = negative_logsumexp(logits, row_labels, queue, q_logits)               # [M]
+        out.append((pairs, rows, torch.where(pairs, logits[rows[:, :, None], rows[:, None, :]], zero)))
+    return out
+
+
+def positive_pair_mean(pairs, groups, neg, term, q_logits=None, q_same=None):
+    """Per row ``i`` ``[M]``: ``mean_{p in S(i)} term(s_ip, N_i)`` over its same-class rows (``pairs``:
+    :func:`block_logits`) and, with ``q_same`` ``[M, K]``, its same-label valid queue keys (``q_logits``); 0 for a row
+    without a positive. Also returns ``has_pos`` ``[M]``. ``term`` is elementwise and must be finite where its
+    first argument is 0 (the blocks' padding)."""
+    zero = torch.zeros((), dtype=neg.dtype, device=neg.device)
     totals, counts = [], []
-    for pairs, rows, values in pair_logits:                                      # finite everywhere
-        terms = torch.logaddexp(values - shift, neg[rows][:, :, None]) - values
-        totals.append(torch.where(pairs, terms, zero).sum(-1))                   # [c, k]
-        counts.append(pairs.sum(-1).to(z.dtype))
+    for mask, rows, values in pairs:
+        totals.append(torch.where(mask, term(values, neg[rows][:, :, None]), zero).sum(-1))     # [c, k]
+        counts.append(mask.sum(-1).to(neg.dtype))
     total, count = groups.per_row(totals), groups.per_row(counts)               # [M]
-    if queue is not None:
-        q_same = _queue_same(row_labels, queue)
-        q_terms = torch.logaddexp(q_logits - shift, neg[:, None]) - q_logits
-        total = total + torch.where(q_same, q_terms, zero).sum(1)
-        count = count + q_same.sum(1).to(z.dtype)
+    if q_same is not None:
+        total = total + torch.where(q_same, term(q_logits, neg[:, None]), zero).sum(1)
+        count = count + q_same.sum(1).to(neg.dtype)
     has_pos = count > 0
-    per_row = torch.where(has_pos, total / torch.where(has_pos, count, torch.ones_like(count)), zero)
-    return _mean_over_anchors(per_row, n_rows)
+    return torch.where(has_pos, total / torch.where(has_pos, count, torch.ones_like(count)), zero), has_pos
 
 
 class SINCERELoss(Loss):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 from core.flags import UserError, call_hook, check
 from losses import MarginalTripletLoss, NTLogisticLoss, SupConLoss
 from losses_field import EpsSupInfoNCELoss, KCLLoss, SINCERELoss, SpreadLoss, SupDCLLoss
+from losses_noise import RINCELoss, SelCLLoss, SymNCELoss
 from losses_proto import BCLLoss, PaCoLoss, TSCLoss
 from losses_rascal import WEIGHTINGS, RASCALLoss
 
@@ -311,3 +312,66 @@ register(Method('TSC', lambda class_counts, feat_dim, kcl_k, temp, tsc_weight, t
                 run_name=lambda kcl_k, tsc_weight, tsc_assign, temp: (
                     f'TSC_k_{kcl_k}_w_{tsc_weight}' + ('_assign_step' if tsc_assign == 'step' else ''),
                     f'temp_{temp}')))
+
+
+# ---------------------------------------------------------------- built for noisy labels (docs/FIELD.md)
+def _finite_in(value, low, high, flag, low_open=False):
+    ok = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
+    check(ok, f'{flag} must be in {"(" if low_open else "["}{low}, {high}], got {value}')
+
+
+register(Method('SymNCE', lambda symnce_beta, temp: SymNCELoss(symnce_beta, temperature=temp), takes_queue=True,
+                compiles=True, stats_prefix='symnce/',
+                help='symmetric InfoNCE (Cui et al. 2025): SupCon + beta x a reverse term, robust to label noise',
+                flags={'--symnce_beta': dict(type=float, default=1.0,
+                                             help='SymNCE: weight beta of the reverse term (default 1.0; 0 is '
+                                                  'SupCon)')},
+                check=lambda symnce_beta: check(math.isfinite(symnce_beta) and symnce_beta >= 0,
+                                                f'--symnce_beta must be finite and >= 0, got {symnce_beta}'),
+                run_name=lambda symnce_beta, temp: (f'SymNCE_beta_{symnce_beta}', f'temp_{temp}')))
+
+
+def _check_rince(rince_q, rince_lambda):
+    _finite_in(rince_q, 0, 1, '--rince_q', low_open=True)
+    _finite_in(rince_lambda, 0, 1, '--rince_lambda', low_open=True)
+
+
+register(Method('RINCE', lambda rince_q, rince_lambda, temp: RINCELoss(rince_q, rince_lambda, temperature=temp),
+                takes_queue=True, compiles=True, check=_check_rince,
+                help='robust InfoNCE (Chuang et al. 2022), supervised: each positive against the negatives',
+                flags={'--rince_q': dict(type=float, default=0.5,
+                                         help='RINCE: q in (0, 1] (default 0.5; toward 0: InfoNCE, 1: robust)'),
+                       '--rince_lambda': dict(type=float, default=0.01,
+                                              help='RINCE: lambda in (0, 1], the density term\'s weight (default '
+                                                   '0.01)')},
+                run_name=lambda rince_q, rince_lambda, temp: (f'RINCE_q_{rince_q}_lam_{rince_lambda}',
+                                                              f'temp_{temp}')))
+
+
+def _check_selcl(selcl_k, selcl_alpha, selcl_beta, selcl_warmup):
+    check(selcl_k >= 1, f'--selcl_k must be >= 1, got {selcl_k}')
+    _finite_in(selcl_alpha, 0, 1, '--selcl_alpha')
+    _finite_in(selcl_beta, 0, 1, '--selcl_beta')
+    check(selcl_warmup >= 1, f'--selcl_warmup must be >= 1 (a selection needs an epoch\'s features), '
+                             f'got {selcl_warmup}')
+
+
+register(Method('SelCL', lambda num_samples, feat_dim, class_counts, selcl_k, selcl_alpha, selcl_beta, selcl_warmup,
+                temp: SelCLLoss(num_samples, feat_dim, len(class_counts), k=selcl_k, alpha=selcl_alpha,
+                                beta=selcl_beta, warmup=selcl_warmup, temperature=temp),
+                uses_ids=True, takes_queue=True, stats_prefix='selcl/', check=_check_selcl,
+                help='Sel-CL (Li et al. 2022): SupCon over confident pairs chosen by a kNN vote each epoch, the '
+                     'instance term for the rest',
+                flags={'--selcl_k': dict(type=int, default=250,
+                                         help='Sel-CL: neighbours of the kNN vote (default 250, the authors\')'),
+                       '--selcl_alpha': dict(type=float, default=0.5,
+                                             help='Sel-CL: the quantile over classes of the agreeing examples that '
+                                                  'sets how many each class keeps (default 0.5, the median)'),
+                       '--selcl_beta': dict(type=float, default=0.25,
+                                            help='Sel-CL: the quantile of the selected pairs\' similarities that is '
+                                                 'the pairs\' threshold (default 0.25)'),
+                       '--selcl_warmup': dict(type=int, default=1,
+                                              help='Sel-CL: epochs of the instance term alone before the first '
+                                                   'selection (default 1, the authors\')')},
+                run_name=lambda selcl_k, selcl_alpha, selcl_beta, selcl_warmup, temp: (
+                    f'SelCL_k_{selcl_k}_a_{selcl_alpha}_b_{selcl_beta}_w_{selcl_warmup}', f'temp_{temp}')))

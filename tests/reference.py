@@ -369,3 +369,141 @@ def best_assignment(class_means, present, targets):
     best = max(itertools.permutations(range(targets.shape[0])),
                key=lambda perm: sum(float(cos[c, t]) for c, t in enumerate(perm) if present[c]))
     return torch.tensor(best)
+
+
+# ---------------------------------------------------------------- built for noisy labels (docs/FIELD.md)
+def symnce(features, labels, temperature, beta, queue=None):
+    """SymNCE: SupCon's L_out (tau_base = tau) plus ``beta`` times, per anchor, ``-mean_{p: same label} e_ip +
+    mean_{n: other label} e_in``, ``e = exp((z_i.z_j - 1)/tau)`` (an empty mean is 0); mean over the anchors."""
+    rows, n_rows = _field_rows(features, labels, queue)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, _ = rows[i]
+        e = [torch.exp((zi @ rows[j][0] - 1) / temperature) for j in range(len(rows)) if j != i]
+        same = [rows[j][1] == yi for j in range(len(rows)) if j != i]
+        pos = [v for v, s in zip(e, same) if s]
+        neg = [v for v, s in zip(e, same) if not s]
+        if neg:
+            total = total + sum(neg) / len(neg)
+        if pos:
+            total = total - sum(pos) / len(pos)
+    # SupConLoss gives a lone row (B = 1, one view) 0, queue or not
+    supcon = (contrastive(features, labels, queue=queue, temperature=temperature, base_temperature=temperature)
+              if n_rows > 1 else total * 0)
+    return supcon + beta * total / n_rows
+
+
+def rince(features, labels, temperature, q, lam, queue=None):
+    """Supervised RINCE: per positive ``p`` of anchor ``i``, ``-exp(s_ip)^q / q + (lam (exp(s_ip) + sum_{n: other
+    label} exp(s_in)))^q / q``, averaged over the positives, then over the anchors (none: 0)."""
+    rows, n_rows = _field_rows(features, labels, queue)
+    total = features.sum() * 0.0
+    for i in range(n_rows):
+        zi, yi, _ = rows[i]
+        P = [j for j in range(len(rows)) if j != i and rows[j][1] == yi]
+        N = [j for j in range(len(rows)) if rows[j][1] != yi]
+        if not P:
+            continue
+        terms = []
+        for p in P:
+            pos = torch.exp(zi @ rows[p][0] / temperature)
+            dens = pos + sum((torch.exp(zi @ rows[n][0] / temperature) for n in N), pos * 0)
+            terms.append(-pos ** q / q + (lam * dens) ** q / q)
+        total = total + sum(terms) / len(P)
+    return total / n_rows
+
+
+def selcl(features, labels, ids, partner, temperature, queue=None):
+    """Sel-CL's step: ``partner(id_a, label_a, id_b, label_b)`` says whether two samples are confident partners.
+    Per sample, with a partner (another sample of the batch, or a valid queue key of another id): per view, the mean
+    over its own other views and its partners' rows (and partner keys) of ``log_denom - s``; without: the same over
+    its own other views only; ``log_denom`` over every other row and the valid keys. Mean over the views, then the
+    samples."""
+    bsz, n_views = features.shape[:2]
+    rows = [(features[b, v], b) for v in range(n_views) for b in range(bsz)]
+    keys = [] if queue is None else [(queue.feat[j].to(features.dtype), int(queue.idx[j]), int(queue.label[j]))
+                                     for j in range(queue.feat.shape[0]) if bool(queue.valid[j])]
+    total = features.sum() * 0.0
+    for b in range(bsz):
+        batch_partners = [c for c in range(bsz) if c != b and partner(int(ids[b]), int(labels[b]), int(ids[c]),
+                                                                     int(labels[c]))]
+        key_partners = [k for k in keys if k[1] != int(ids[b]) and partner(int(ids[b]), int(labels[b]), k[1], k[2])]
+        has = bool(batch_partners or key_partners)
+        per_view = []
+        for v in range(n_views):
+            i = v * bsz + b
+            zi = rows[i][0]
+            logits = [zi @ rows[j][0] / temperature for j in range(len(rows)) if j != i]
+            logits += [zi @ k[0] / temperature for k in keys]
+            if not logits:
+                per_view.append(zi.sum() * 0)
+                continue
+            log_denom = _logsumexp(logits)
+            P = [zi @ rows[j][0] / temperature for j in range(len(rows))
+                 if j != i and (rows[j][1] == b or (has and rows[j][1] in batch_partners))]
+            if has:
+                P += [zi @ k[0] / temperature for k in key_partners]
+            per_view.append(sum(log_denom - s for s in P) / len(P) if P else zi.sum() * 0)
+        total = total + sum(per_view) / n_views
+    return total / bsz
+
+
+def selcl_selection_authors(feat, labels, k, alpha, beta, n_classes):
+    """Sel-CL's selection as the authors' ``pair_selection`` (ShikunLi/Sel-CL, utils/utils_noise.py) computes it,
+    one step after another, with two readings: a row's own entry is left out of its neighbours (the code's evident
+    intent, which its row-by-column indexing achieves for its first batch only) and ties are broken by the smaller
+    index. Returns ``(selected [N] bool, threshold)``."""
+    n = feat.shape[0]
+    sim = feat.double() @ feat.double().T
+
+    def knn_shares(vote_labels):
+        shares = []
+        for i in range(n):
+            order = sorted((j for j in range(n) if j != i), key=lambda j: (-float(sim[i, j]), j))[:k]
+            counts = [0.0] * n_classes
+            for j in order:
+                counts[int(vote_labels[j])] += 1.0
+            shares.append([c / len(order) for c in counts])
+        return shares
+    first = knn_shares(labels)
+    corrected = [max(range(n_classes), key=lambda c: (row[c], -c)) for row in first]
+    second = knn_shares(corrected)
+    agreement = [float(max(range(n_classes), key=lambda c: (row[c], -c)) == int(labels[i]))
+                 for i, row in enumerate(second)]
+    discrepancy = [-math.log(min(max(row[int(labels[i])], 1e-2), 1 - 1e-2)) for i, row in enumerate(second)]
+    clean_per_class = torch.tensor([sum(a for a, y in zip(agreement, labels) if int(y) == c)
+                                    for c in range(n_classes)])
+    if alpha == 0.5:
+        m = float(torch.median(clean_per_class))
+    else:
+        m = float(torch.quantile(clean_per_class.double(), alpha))
+    selected = [False] * n
+    for c in range(n_classes):
+        members = [i for i in range(n) if int(labels[i]) == c]
+        take = int(min(m, len(members)))
+        for i in sorted(members, key=lambda i: (discrepancy[i], i))[:take]:
+            selected[i] = True
+    pair_sims = [float(sim[i, j]) for i in range(n) for j in range(n)
+                 if selected[i] and selected[j] and int(labels[i]) == int(labels[j])]
+    import numpy
+    threshold = float(numpy.quantile(pair_sims, beta)) if pair_sims else math.inf
+    return torch.tensor(selected), threshold
+
+
+def gce(logits, labels, q):
+    """GCE: per row ``(1 - softmax(f)[y]^q) / q``, mean over rows."""
+    total = logits.sum() * 0.0
+    for row, y in zip(logits, labels):
+        p = torch.exp(row[int(y)]) / sum(torch.exp(v) for v in row)
+        total = total + (1 - p ** q) / q
+    return total / logits.shape[0]
+
+
+def sce(logits, labels, alpha, beta, clip=-4.0):
+    """SCE: per row ``alpha (-log p_y) + beta (-sum_c p_c log y_c)`` with ``log 0 = clip``, mean over rows."""
+    total = logits.sum() * 0.0
+    for row, y in zip(logits, labels):
+        p = [torch.exp(v) / sum(torch.exp(u) for u in row) for v in row]
+        rce = -sum(p[c] * (0.0 if c == int(y) else clip) for c in range(len(p)))
+        total = total + alpha * -torch.log(p[int(y)]) + beta * rce
+    return total / logits.shape[0]

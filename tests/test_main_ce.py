@@ -40,6 +40,19 @@ def test_long_tailed_digits_with_logit_adjustment(tmp_path):
     assert {'final_test_many_acc', 'final_test_medium_acc', 'final_test_few_acc'} <= set(results)
 
 
+@pytest.mark.parametrize('loss,flags,name', [('gce', ['--gce_q', 0.5], '_gce_q_0.5'),
+                                             ('sce', ['--sce_alpha', 0.2, '--carrot'], '_sce_a_0.2_b_1.0')])
+def test_noise_robust_losses_train_and_evaluate(loss, flags, name, tmp_path):
+    """--loss gce and sce (docs/FIELD.md, "GCE and SCE") on noisy digits: one epoch, the run named by the loss's
+    values, finite training loss and a test accuracy."""
+    out = run_script('main_ce.py', '--loss', loss, *flags, '--label_noise', 0.4, '--epochs', 1,
+                     '--save_folder', tmp_path, *FAST)
+    run = only_run_folder(tmp_path)
+    assert name in run and 'final test top-1' in out.stdout
+    row = read_metrics(run)[-1]
+    assert 0 < float(row['train/loss']) < 100 and 0 <= float(row['test/acc']) <= 100
+
+
 def test_ce_loss_errors():
     for args, words in [(['--la_tau', 2], '--la_tau needs --loss logit_adjusted'),
                         (['--loss', 'balanced_softmax', '--la_tau', 2], '--la_tau needs --loss logit_adjusted'),

@@ -159,6 +159,9 @@ FEATURES = {   # method -> flags: each with one of the features its definition a
     'BCL': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--chunk_size', 40, '--carrot'],   # parameters of its own
     'PaCo': ['--dataset', 'digits_lt', '--imb_factor', 0.1, '--queue_size', 256, '--moco_m', 0.9, '--chunk_size', 40],
     'TSC': ['--kcl_k', 3, '--carrot'],      # targets re-assigned each epoch: the assignment is resumed too
+    # its selection after epoch 1 (bank, snapshot, threshold) is resumed too; the key encoder's keys as partners
+    'SelCL': ['--selcl_k', 10, '--queue_size', 256, '--moco_m', 0.9],
+    'RINCE': ['--rince_q', 0.2, '--chunk_size', 40, '--carrot'],
 }
 
 

@@ -12,6 +12,7 @@ Each step runs in one of two ways with the same loss code (``Pretraining.loss_fr
 - gradient caching (``--chunk_size N``, ``training/chunks.py``): the encoder per chunk, the loss on the whole
   batch, the same parameter gradients as the plain step with the memory of one chunk's graph.
 """
+import math
 from collections import defaultdict
 from typing import NamedTuple, Optional
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from core.flags import Feature, call_hook, check
 from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
+from losses_noise import GCELoss, SCELoss
 from methods import Method, get_method
 from networks import SupCEResNet, SupConResNet
 from runtime.device import Compiler, Runtime, dynamic_sizes
@@ -295,8 +297,8 @@ class CETraining:
                                        'one: use --chunk_size 2 or more (or 0)')
         # --loss: plain cross-entropy, or the logits shifted by tau log(prior) (priors: class_counts, the training
         # labels after the long-tail subset and label noise)
-        tau = {'ce': None, 'logit_adjusted': opt.la_tau, 'balanced_softmax': 1.0}[opt.loss]
-        self.criterion = None if tau is None else LogitAdjustedLoss(class_counts, tau).to(runtime.device)
+        self.criterion = ce_criterion(opt.loss, class_counts, opt.la_tau, opt.gce_q, opt.sce_alpha, opt.sce_beta)
+        self.criterion = self.criterion.to(runtime.device) if self.criterion is not None else None
         self.supcon_weight = opt.supcon_weight
         self.supcon = SupConLoss(temperature=opt.temp) if opt.supcon_weight else None
         if model is None:
@@ -414,20 +416,46 @@ def device_batch(runtime, views):
 
 
 # ---------------------------------------------------------------- the flags of CARROT, the CE loss, one stage
-def _check_ce_loss(loss, la_tau, given):
-    check(loss == 'logit_adjusted' or 'la_tau' not in given,
-          f'--la_tau needs --loss logit_adjusted (balanced_softmax is tau = 1), got --loss {loss}')
+def ce_criterion(loss, class_counts, la_tau, gce_q, sce_alpha, sce_beta):
+    """``--loss``'s module, or ``None`` for plain cross-entropy: logit-adjusted (``la_tau``; balanced softmax is tau =
+    1; priors from ``class_counts``, the training labels after the long-tail subset and label noise), GCE or SCE."""
+    if loss == 'gce':
+        return GCELoss(gce_q)
+    if loss == 'sce':
+        return SCELoss(sce_alpha, sce_beta)
+    tau = {'ce': None, 'logit_adjusted': la_tau, 'balanced_softmax': 1.0}[loss]
+    return None if tau is None else LogitAdjustedLoss(class_counts, tau)
+
+
+CE_LOSS_FLAGS = {'la_tau': ('logit_adjusted',), 'gce_q': ('gce',), 'sce_alpha': ('sce',), 'sce_beta': ('sce',)}
+
+
+def _check_ce_loss(loss, la_tau, gce_q, sce_alpha, sce_beta, given):
+    for flag, losses in CE_LOSS_FLAGS.items():
+        check(loss in losses or flag not in given, f'--{flag} needs --loss {" or ".join(losses)}, got --loss {loss}'
+              + (' (balanced_softmax is tau = 1)' if flag == 'la_tau' else ''))
     check(la_tau >= 0, f'--la_tau must be >= 0, got {la_tau}')
+    check(0 < gce_q <= 1, f'--gce_q must be in (0, 1], got {gce_q}')
+    check(math.isfinite(sce_alpha + sce_beta) and sce_alpha >= 0 and sce_beta >= 0 and sce_alpha + sce_beta > 0,
+          f'--sce_alpha and --sce_beta must be finite, >= 0 and not both 0, got {sce_alpha} and {sce_beta}')
 
 
 CE_LOSS = Feature(
-    'the cross-entropy family (docs/USAGE.md, "Long tail")', scripts=('ce',), check=_check_ce_loss,
-    flags={'--loss': dict(choices=['ce', 'logit_adjusted', 'balanced_softmax'], default='ce',
+    'the cross-entropy family (docs/USAGE.md, "Long tail"; docs/FIELD.md, "GCE and SCE")', scripts=('ce',),
+    check=_check_ce_loss,
+    flags={'--loss': dict(choices=['ce', 'logit_adjusted', 'balanced_softmax', 'gce', 'sce'], default='ce',
                           help='ce; logit_adjusted (Menon et al. 2021: logits + la_tau log prior in training); '
-                               'balanced_softmax (Ren et al. 2020: the same with tau 1)'),
-           '--la_tau': dict(type=float, default=1.0, help='logit_adjusted: tau (default 1.0)')},
-    run_name=lambda loss, la_tau: {'ce': '', 'logit_adjusted': f'_la_tau_{la_tau}',
-                                   'balanced_softmax': '_balanced_softmax'}[loss])
+                               'balanced_softmax (Ren et al. 2020: the same with tau 1); gce (Zhang & Sabuncu '
+                               '2018, L_q); sce (Wang et al. 2019, symmetric cross-entropy): robust to label noise'),
+           '--la_tau': dict(type=float, default=1.0, help='logit_adjusted: tau (default 1.0)'),
+           '--gce_q': dict(type=float, default=0.7, help='gce: q in (0, 1] (default 0.7, the paper\'s)'),
+           '--sce_alpha': dict(type=float, default=0.1,
+                               help='sce: weight alpha of the cross-entropy (default 0.1, the paper\'s CIFAR-10)'),
+           '--sce_beta': dict(type=float, default=1.0,
+                              help='sce: weight beta of the reverse cross-entropy (default 1.0)')},
+    run_name=lambda loss, la_tau, gce_q, sce_alpha, sce_beta: {
+        'ce': '', 'logit_adjusted': f'_la_tau_{la_tau}', 'balanced_softmax': '_balanced_softmax',
+        'gce': f'_gce_q_{gce_q}', 'sce': f'_sce_a_{sce_alpha}_b_{sce_beta}'}[loss])
 
 
 def _check_one_stage(supcon_weight, given):

@@ -108,13 +108,18 @@ ACCEPTED = {
     ('--paco_alpha', '0'): 'PaCo without same-label samples among the positives',
     ('--bcl_weight', '0'): 'BCL with its cross-entropy alone',
     ('--bcl_ce_weight', '0'): 'BCL with its balanced contrastive term alone',
+    ('--symnce_beta', '0'): 'SymNCE without its reverse term is SupCon',
+    ('--selcl_alpha', '0'): 'Sel-CL keeps as many per class as the class with the fewest agreeing examples',
+    ('--selcl_beta', '0'): 'Sel-CL: every pair of selected same-label examples passes the threshold',
+    ('--sce_alpha', '0'): 'SCE with its reverse term alone', ('--sce_beta', '0'): 'SCE is cross-entropy (scaled)',
 }
 NEEDS = {   # flags that only mean something with another flag: given alone they are refused
     **method_flag_needs(),        # a method's own flag needs its --method (the registry says which)
     '--margin': ['--simclr_loss', 'margin_triplet'],
     '--carrot_alpha_max': ['--carrot'], '--carrot_weight': ['--carrot'], '--carrot_on': ['--carrot'],
     '--moco_m': ['--queue_size', '1024'], '--shuffle_bn_splits': ['--queue_size', '1024'],
-    '--la_tau': ['--loss', 'logit_adjusted'],
+    '--la_tau': ['--loss', 'logit_adjusted'], '--gce_q': ['--loss', 'gce'],
+    '--sce_alpha': ['--loss', 'sce'], '--sce_beta': ['--loss', 'sce'],
 }
 
 

@@ -27,6 +27,7 @@ BREAKS = {
     'RASCAL --rascal_weighting=uniform': 0,
     'KCL': 0, 'SINCERE': 0, 'EpsSupInfoNCE': 0, 'SupDCL': 0, 'Spread': 0, 'BCL': 0,
     'BCL --bcl_classifier=linear': 0, 'PaCo': 0, 'GPaCo': 0, 'TSC': 0, 'TSC --tsc_assign=step': 6,
+    'SymNCE': 0, 'RINCE': 0, 'SelCL': 0,
 }
 # modes of a compiled method that read the host by design: TSC's authors' schedule matches the targets to the
 # centroids on the host after every step
