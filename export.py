@@ -80,25 +80,48 @@ def measured_at(run_folder, epoch):
     return {key: float(row[column]) for key, column in names.items() if row.get(column)}
 
 
+def frozen_probe(result):
+    """Whether a main_linear.py ``results.json`` is a finished linear probe of a frozen encoder that converged: not a
+    fine-tuning (another encoder), not a few-shot probe, not one that diverged."""
+    config = result.get('config') or {}
+    return not (config.get('finetune') or result.get('shots') or config.get('shots') or result.get('probe_diverged'))
+
+
 def linear_beside(ckpt_path):
-    """``(results.json path, its final test top-1)`` of a linear evaluation of exactly ``ckpt_path`` beside its run:
-    main_linear.py's results under the same save folder (``<save>/Linear/<dataset>/<run>/``) or, in a sweep's cell,
-    under the cell (``<cell>/<evaluation>/Linear/...``); the newest when several; ``(None, None)`` when none."""
+    """``(results.json path, its final test top-1, how many such results there were)`` of a frozen linear probe
+    (:func:`frozen_probe`) of exactly ``ckpt_path`` beside its run: main_linear.py's results under the same save folder
+    (``<save>/Linear/<dataset>/<run>/``) or, in a sweep's cell, under the cell (``<cell>/<evaluation>/Linear/...``);
+    the newest when several; ``(None, None, 0)`` when none."""
     run = os.path.dirname(os.path.abspath(ckpt_path))
     save = os.path.dirname(os.path.dirname(os.path.dirname(run)))
+    paths = {os.path.realpath(p): p for pattern in (
+        os.path.join(save, 'Linear', '*', '*', 'results.json'),
+        os.path.join(os.path.dirname(save), '*', 'Linear', '*', '*', 'results.json')) for p in glob.glob(pattern)}
     found = []
-    for pattern in (os.path.join(save, 'Linear', '*', '*', 'results.json'),
-                    os.path.join(os.path.dirname(save), '*', 'Linear', '*', '*', 'results.json')):
-        for path in glob.glob(pattern):
-            try:
-                with open(path) as f:
-                    result = json.load(f)
-                read = result.get('ckpt') or (result.get('config') or {}).get('ckpt')
-            except (OSError, ValueError, AttributeError):
-                continue
-            if read and os.path.realpath(read) == os.path.realpath(ckpt_path) and 'final_test_acc' in result:
-                found.append((os.path.getmtime(path), path, result['final_test_acc']))
-    return max(found)[1:] if found else (None, None)
+    for path in paths.values():            # each file once (a save folder's results match both patterns)
+        try:
+            with open(path) as f:
+                result = json.load(f)
+            read = result.get('ckpt') or (result.get('config') or {}).get('ckpt')
+        except (OSError, ValueError, AttributeError):
+            continue
+        if (read and os.path.realpath(read) == os.path.realpath(ckpt_path) and 'final_test_acc' in result
+                and frozen_probe(result)):
+            found.append((os.path.getmtime(path), path, result['final_test_acc']))
+    return (*max(found)[1:], len(found)) if found else (None, None, 0)
+
+
+def accuracy_note(epochs_done, measured, linear, n_linear):
+    """The card's ``test_acc_note``: where its ``test_acc`` comes from."""
+    if 'test_acc' in measured:
+        return f'the test accuracy at epoch {epochs_done}, the checkpoint\'s'
+    if linear:
+        several = (f' (the newest of the {n_linear} frozen linear probes of this checkpoint beside it)'
+                   if n_linear > 1 else '')
+        return (f'the frozen linear probe of this checkpoint: {linear}{several}; fine-tuning, few-shot and diverged '
+                'probes are not counted')
+    return (f'no test accuracy was measured at epoch {epochs_done} (a pre-training run has none: main_linear.py '
+            'measures one; fine-tuning, few-shot and diverged probes are not counted)')
 
 
 def export(ckpt_path, out):
@@ -130,7 +153,7 @@ def export(ckpt_path, out):
     mean, std = mean_std(dataset, config.get('mean'), config.get('std')) if dataset in DATASETS else (
         config.get('mean'), config.get('std'))
     measured = measured_at(os.path.dirname(os.path.abspath(ckpt_path)), epochs_done)
-    linear, linear_acc = (None, None) if 'test_acc' in measured else linear_beside(ckpt_path)
+    linear, linear_acc, n_linear = (None, None, 0) if 'test_acc' in measured else linear_beside(ckpt_path)
     card = {'model': model, 'stem': None if model.startswith('timm:') else stem, 'size': size,
             'model_args': model_args, 'feature_dim': dim, 'mean': list(mean) if mean else None,
             'std': list(std) if std else None, 'method': config.get('method') or (
@@ -138,10 +161,7 @@ def export(ckpt_path, out):
             'dataset': dataset, 'epochs_trained': epochs_done, 'epochs': epochs,
             'finished': epochs is None or epochs_done >= epochs,
             'test_acc': measured.get('test_acc', linear_acc),
-            'test_acc_note': f'the test accuracy at epoch {epochs_done}, the checkpoint\'s' if 'test_acc' in measured
-            else f'the linear evaluation of this checkpoint: {linear}' if linear
-            else f'no test accuracy was measured at epoch {epochs_done} (a pre-training run has none: '
-                 'main_linear.py measures one)',
+            'test_acc_note': accuracy_note(epochs_done, measured, linear, n_linear),
             **({'knn_acc': measured['knn_acc']} if 'knn_acc' in measured else {}),
             'checkpoint': os.path.abspath(ckpt_path), 'commit': commit(),
             'keys': 'torchvision' if model in TORCHVISION else 'timm' if model.startswith('timm:') else 'this repo',

@@ -182,3 +182,35 @@ def test_the_card_takes_a_linear_evaluation_of_the_same_checkpoint_beside_it(tmp
     assert run_in_process('export.py', '--ckpt', run / 'last.pth', '--out', tmp_path / 'out').returncode == 0
     card = json.loads((tmp_path / 'out' / 'card.json').read_text())
     assert card['test_acc'] == 97.5 and str(linear / 'mine' / 'results.json') in card['test_acc_note']
+
+
+def test_the_card_takes_only_a_frozen_linear_probe_that_finished_and_says_which(tmp_path):
+    """Beside the run: a frozen probe (84.17), a fine-tuning of the same checkpoint (81.39, newer), a diverged
+    fine-tuning (10.0, newest), a diverged frozen probe and a 10-shot probe, as main_linear.py writes their
+    results.json. The card takes the frozen probe; with a second frozen probe, the newest of the two, and the note
+    says there were two."""
+    path, _ = saved_run(tmp_path, 'resnet_tiny', stem='cifar', size=16)
+    run = tmp_path / 'save' / 'SupCon' / 'digits' / 'run'
+    run.mkdir(parents=True)
+    os.replace(path, run / 'last.pth')
+    linear = tmp_path / 'save' / 'Linear' / 'digits'
+    ckpt = str(run / 'last.pth')
+    results = [('frozen', {'final_test_acc': 84.17, 'probe_diverged': False, 'config': {'finetune': False}}),
+               ('finetune', {'final_test_acc': 81.39, 'probe_diverged': False, 'config': {'finetune': True}}),
+               ('finetune_lr1', {'final_test_acc': 10.0, 'probe_diverged': True, 'config': {'finetune': True}}),
+               ('diverged', {'final_test_acc': 9.8, 'probe_diverged': True, 'config': {'finetune': False}}),
+               ('shots', {'final_test_acc': 70.0, 'shots': 10, 'config': {'shots': 10}})]
+    for i, (name, result) in enumerate(results):
+        (linear / name).mkdir(parents=True)
+        result['ckpt'] = ckpt
+        (linear / name / 'results.json').write_text(json.dumps(result))
+        os.utime(linear / name / 'results.json', (1000 + i, 1000 + i))
+    assert run_in_process('export.py', '--ckpt', ckpt, '--out', tmp_path / 'out').returncode == 0
+    card = json.loads((tmp_path / 'out' / 'card.json').read_text())
+    assert card['test_acc'] == 84.17 and str(linear / 'frozen' / 'results.json') in card['test_acc_note']
+    assert 'newest' not in card['test_acc_note']
+    (linear / 'again').mkdir()
+    (linear / 'again' / 'results.json').write_text(json.dumps({**results[0][1], 'final_test_acc': 85.0}))
+    assert run_in_process('export.py', '--ckpt', ckpt, '--out', tmp_path / 'out2').returncode == 0
+    card = json.loads((tmp_path / 'out2' / 'card.json').read_text())
+    assert card['test_acc'] == 85.0 and 'the newest of the 2 frozen linear probes' in card['test_acc_note']

@@ -649,8 +649,10 @@ def test_a_cell_whose_pretraining_failed_is_failed_in_the_table(tmp_path):
 
 
 def test_every_bundled_sweep_file_plans(tmp_path):
-    """Each file in sweeps/ (the GPU file sweeps/noise_fashion_gpu.yaml among them) reads, and every stage's flags
-    pass its script's parser: what `python sweep.py FILE --dry-run` checks on a CPU before a run."""
+    """Each file in sweeps/ (the GPU files sweeps/noise_fashion_gpu.yaml and noise_field_fashion_gpu.yaml among them)
+    reads, and every stage's flags, the evaluations' included, pass its script's parser (``plan.prepare``, as
+    ``python sweep.py FILE --dry-run`` checks them on a CPU before a run). Power: an evaluation's flag written inside
+    a placeholder's string (``imb_factor: '{imb_factor, probe_norm: none}'``) fails it."""
     import glob
 
     from sweeping import plan as sweep_plan
@@ -659,3 +661,10 @@ def test_every_bundled_sweep_file_plans(tmp_path):
     for path in files:
         sweep_ = sweep_plan.read(path, str(tmp_path / 'save'))
         assert sweep_.cells, path
+        one_seed = {(c.method, tuple(c.axes.items())): c for c in sweep_.cells}    # the seeds differ by --seed only
+        sweep_plan.prepare(sweep_, list(one_seed.values()))
+    broken = tmp_path / 'broken.yaml'
+    text = open(os.path.join(ROOT, 'sweeps', 'longtail_ablation_digits.yaml')).read()
+    broken.write_text(text.replace("imb_factor: '{imb_factor}', probe_norm: none", "imb_factor: '{imb_factor, probe_norm: none}'"))
+    with pytest.raises(sweep_plan.SweepError, match='invalid float value'):
+        sweep_plan.prepare(*(lambda s: (s, s.cells))(sweep_plan.read(str(broken), str(tmp_path / 'save'))))
