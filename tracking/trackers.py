@@ -123,6 +123,28 @@ def check(tracker, tracker_tags, tracker_project, tracker_uri, resume):
                                 f'runs') from None
 
 
+def _check_can_make_folder_in(folder, uri):
+    """The store's missing folders start in ``folder``: one is made and removed there (nothing is left), else a
+    :class:`UserError` (a folder such as /proc, or one without write permission)."""
+    import tempfile
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder))
+    except OSError as e:
+        raise UserError(f'--tracker_uri {uri}: no folder can be made in {folder} ({e.strerror or e}); name a database '
+                        f'in a folder you can write') from None
+
+
+def _check_sqlite_reads(path, uri):
+    """An existing SQLite file whose schema can be read; a damaged one (a copy cut short) is a :class:`UserError`."""
+    import sqlite3
+    try:
+        with contextlib.closing(sqlite3.connect(f'file:{path}?mode=ro', uri=True)) as db:
+            db.execute('SELECT count(*) FROM sqlite_master').fetchall()
+    except sqlite3.DatabaseError as e:
+        raise UserError(f'--tracker_uri {uri}: {path} is a damaged SQLite database ({e}); restore it from a copy, or '
+                        f'name a new file') from None
+
+
 def check_mlflow_uri(uri):
     """``--tracker_uri``: a scheme MLflow knows; a SQLite file that is a database when it exists, in a folder (or
     where one can be made); a file store's folder; a server that answers (5 s). Else a :class:`UserError`."""
@@ -142,6 +164,8 @@ def check_mlflow_uri(uri):
             above = os.path.dirname(above)
         if not os.path.isdir(above):
             raise UserError(f'--tracker_uri {uri}: {above} is a file, not a folder that could hold the database')
+        if above != os.path.dirname(os.path.abspath(path)):
+            _check_can_make_folder_in(above, uri)
         if os.path.isdir(path):
             raise UserError(f'--tracker_uri {uri}: {path} is a folder; name the database file in it (.../mlflow.db)')
         if os.path.isfile(path) and os.path.getsize(path):
@@ -149,6 +173,7 @@ def check_mlflow_uri(uri):
                 if f.read(16) != b'SQLite format 3\x00':
                     raise UserError(f'--tracker_uri {uri}: {path} is not an SQLite database; name a new file or an '
                                     f'MLflow store')
+            _check_sqlite_reads(path, uri)
     elif scheme == 'file' and not os.path.isdir(rest):
         raise UserError(f'--tracker_uri {uri}: no such folder {rest}')
     elif scheme in ('http', 'https'):
@@ -243,8 +268,15 @@ def wandb_add(folder, entry, summary=None, files=(), **init):
     if summary:
         run.summary.update(summary)
     for path in files:
-        run.save(path, base_path=os.path.dirname(path), policy='now')
+        wandb_attach(run, path)
     run.finish()
+
+
+def wandb_attach(run, path):
+    """``path`` into the W&B run's files: a copy in its files folder, which W&B uploads with the run (``run.save``
+    would symlink it and print a warning that asks the user to call it again)."""
+    import shutil
+    shutil.copyfile(path, os.path.join(run.dir, os.path.basename(path)))
 
 
 class WandbRun:
@@ -265,7 +297,7 @@ class WandbRun:
         if results:
             self.run.summary.update(numbers(results))
         if results_path and os.path.isfile(results_path):
-            self.run.save(results_path, base_path=os.path.dirname(results_path), policy='now')
+            wandb_attach(self.run, results_path)
         self.run.finish(exit_code=0 if status == 'FINISHED' else 1)
         where = self.run.dir if self.mode == 'online' else os.path.dirname(self.run.dir)
         return (f'W&B: run {self.run.id} ({self.mode}) in {where}'

@@ -39,9 +39,13 @@ def test_a_run_and_its_resume_are_one_run_in_each_tracker_and_read_back_as_their
     """main_ce.py for 1 epoch with ``--tracker tensorboard,wandb,mlflow``, then ``--resume`` to 2: one W&B run id
     across both offline files and one MLflow run, each holding both epochs' loss, the run's flags and results.json's
     final test accuracy, equal to the file's; TensorBoard's files are there too."""
-    run_script('main_ce.py', *CE, '--epochs', 1, '--tracker', 'tensorboard,wandb,mlflow', '--save_folder', tmp_path)
+    out = run_script('main_ce.py', *CE, '--epochs', 1, '--tracker', 'tensorboard,wandb,mlflow', '--save_folder',
+                     tmp_path)
+    assert 'wandb.save' not in out.stdout + out.stderr and 'Symlinked' not in out.stdout + out.stderr
     folder = only_run_folder(tmp_path)
     ids = json.load(open(os.path.join(folder, 'trackers.json')))
+    import glob
+    assert glob.glob(os.path.join(folder, 'wandb', '*', 'files', 'results.json'))    # results.json in W&B's files
     run_script('main_ce.py', *CE, '--epochs', 2, '--tracker', 'tensorboard,wandb,mlflow', '--resume',
                os.path.join(folder, 'last.pth'))
     assert json.load(open(os.path.join(folder, 'trackers.json'))) == ids
@@ -108,12 +112,14 @@ def _fake_wandb_that_breaks(folder):
 @needs_trackers
 @pytest.mark.parametrize('case', ['long_tag', 'empty_project', 'uri_under_a_file', 'uri_not_db', 'uri_scheme',
                                   'uri_nothing_listening', 'wandb_mode_typo', 'wandb_online_no_login',
-                                  'wandb_import_raises'])
+                                  'wandb_import_raises', 'uri_folder_cannot_be_made', 'uri_damaged_db'])
 def test_the_trackers_bad_input_is_one_line_before_any_work(tmp_path, monkeypatch, case):
     """What W&B or MLflow would refuse after the data and model are built (a traceback then) is one line while the
     options are parsed: nothing is trained, no run folder is made."""
     not_db = tmp_path / 'notes.db'
     not_db.write_text('not a database')
+    damaged = tmp_path / 'cut.db'            # SQLite's header, then garbage: a copy cut short
+    damaged.write_bytes(b'SQLite format 3\x00' + bytes(range(256)) * 8)
     monkeypatch.setenv('WANDB_MODE', 'offline')
     flags, words = {
         'long_tag': (['--tracker', 'wandb', '--tracker_tags', 'ablation=' + 'x' * 60], ['at most 64 characters']),
@@ -121,6 +127,10 @@ def test_the_trackers_bad_input_is_one_line_before_any_work(tmp_path, monkeypatc
         'uri_under_a_file': (['--tracker', 'mlflow', '--tracker_uri', f'sqlite:///{not_db}/runs/m.db'],
                              ['is a file, not a folder']),
         'uri_not_db': (['--tracker', 'mlflow', '--tracker_uri', f'sqlite:///{not_db}'], ['is not an SQLite database']),
+        'uri_folder_cannot_be_made': (['--tracker', 'mlflow', '--tracker_uri',
+                                       'sqlite:////proc/nonexistent/dir/mlflow.db'], ['no folder can be made in /proc']),
+        'uri_damaged_db': (['--tracker', 'mlflow', '--tracker_uri', f'sqlite:///{damaged}'],
+                           ['is a damaged SQLite database']),
         'uri_scheme': (['--tracker', 'mlflow', '--tracker_uri', 'mlfow://localhost/x'], ["no scheme 'mlfow'"]),
         'uri_nothing_listening': (['--tracker', 'mlflow', '--tracker_uri', 'http://127.0.0.1:9'],
                                   ['no MLflow server answers']),
