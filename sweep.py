@@ -177,7 +177,7 @@ class Progress:
         return elapsed * work / done
 
     def line(self):
-        from engine.run import clock
+        from util import clock
         elapsed = time.time() - self.start
         waiting = len(self.left) - len(self.running)
         eta = self.eta(elapsed)

@@ -1,8 +1,5 @@
-"""SupContrast's helpers: progress bars, running averages (:class:`AverageMeter`) and top-k accuracy. The rest of what
-this module once held has homes of its own: the command line's run-time side in ``config/cli.py``, the run folder
-(name, lock, writability) in ``runtime/run_folder.py``, the per-epoch records in ``runtime/run_log.py``; devices,
-precision in ``runtime/device.py``, seeds in ``runtime/rng.py``, the learning-rate schedule and the optimizer in
-``training/schedule.py``."""
+"""SupContrast's helpers: progress bars, running averages (:class:`AverageMeter`), top-k accuracy, and the clock
+format (``1:02:03``) of the time lines."""
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -38,3 +35,10 @@ def accuracy(output, target, topk=(1,)):
         pred = output.topk(maxk, 1, True, True).indices.t()
         correct = pred.eq(target.reshape(1, -1))
         return [correct[:min(k, maxk)].any(0).float().mean() * 100.0 for k in topk]
+
+
+def clock(seconds):
+    """``1:02:03`` / ``2:03``."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f'{hours}:{minutes:02d}:{secs:02d}' if hours else f'{minutes}:{secs:02d}'

@@ -23,6 +23,7 @@ from tracking.trackers import open_for_run as open_trackers
 from tracking.trackers import parse_trackers
 from training.loop import Optimization, Trainer
 from training.monitors import CollapseWatch
+from util import clock
 
 
 def setup(opt, run_folder=True):
@@ -203,7 +204,10 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
         schedule.adjust(optimizer, epoch)
         metrics = trainer.train_epoch(loader, optim, epoch)
         metrics['train/lr'] = optimizer.param_groups[0]['lr']
-        metrics.update(trainer.evaluate_epoch(epoch))
+        evaluated = time.time()
+        measured = trainer.evaluate_epoch(epoch)
+        evaluation = time.time() - evaluated if measured else None       # the epoch's test / held-out / kNN pass
+        metrics.update(measured)
         if select is not None and select in metrics and (best is None or metrics[select] > best[select]):
             best = {**{k: v for k, v in metrics.items() if not k.startswith('hist/')}, 'epoch': epoch}
         rng = all_gather_object(get_rng_state())     # every process's, for an exact --resume
@@ -216,8 +220,8 @@ def fit(opt, trainer: Trainer, optim: Optimization, loader, select: Optional[str
         scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not k.startswith('hist/')}
         logger.log(epoch, scalars, {k[5:]: v for k, v in metrics.items() if k.startswith('hist/')})
         elapsed = time.time() - started
-        print(epoch_line(epoch, opt.epochs, scalars, elapsed, elapsed / (epoch - start + 1) * (opt.epochs - epoch)),
-              flush=True)
+        print(epoch_line(epoch, opt.epochs, scalars, elapsed, elapsed / (epoch - start + 1) * (opt.epochs - epoch),
+                         evaluation), flush=True)
         state = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch,
                  'config': config_dict(opt), 'rng': rng[0], 'best': best,
                  'extra': {name: obj.state_dict() for name, obj in extra.items()},
@@ -241,23 +245,17 @@ SHOWN = {'train/loss': 'loss', 'train/acc': 'train acc', 'train/lr': 'lr', 'val/
          'train/amp/skipped': 'fp16 skipped'}
 
 
-def clock(seconds):
-    """``1:02:03`` / ``2:03``."""
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f'{hours}:{minutes:02d}:{secs:02d}' if hours else f'{minutes}:{secs:02d}'
-
-
-def epoch_line(epoch, epochs, scalars, elapsed, left):
-    """One short line per epoch: its time, the run's elapsed time and an estimate of what is left, the :data:`SHOWN`
-    metrics and the encoder's collapse statistics in brief (the rest: metrics.csv, TensorBoard)."""
+def epoch_line(epoch, epochs, scalars, elapsed, left, evaluation=None):
+    """One short line per epoch: its time (training, and the evaluation after it, ``evaluation`` seconds, when there
+    was one), the run's elapsed time and an estimate of what is left, the :data:`SHOWN` metrics and the encoder's collapse
+    statistics in brief (the rest: metrics.csv, TensorBoard)."""
     shown = ', '.join(f'{label} {scalars[k]:.4g}' for k, label in SHOWN.items() if k in scalars)
     collapse = [f'{name} {scalars[f"train/collapse/{name}_enc"]:.3g}' for name in ('z_std', 'cos')
                 if f'train/collapse/{name}_enc' in scalars]
     if collapse:
         shown += ' | encoder ' + ', '.join(collapse)
-    return (f'epoch {epoch}/{epochs} ({scalars["train/epoch_time"]:.1f}s; {clock(elapsed)} elapsed, about '
-            f'{clock(left)} left): {shown}')
+    took = f'{scalars["train/epoch_time"]:.1f}s' + (f' + {evaluation:.1f}s evaluation' if evaluation is not None else '')
+    return f'epoch {epoch}/{epochs} ({took}; {clock(elapsed)} elapsed, about {clock(left)} left): {shown}'
 
 
 def resume_rng(ckpt, start, seed):

@@ -15,7 +15,7 @@ from losses import cross_entropy
 from runtime.device import Runtime, keep_compiled_shapes
 from runtime.distributed import all_reduce_sum, world_size
 from training.schedule import Schedule
-from util import AverageMeter, progress
+from util import AverageMeter, clock, progress
 
 
 class ScaledBackward:
@@ -44,6 +44,19 @@ class Optimization(NamedTuple):
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     schedule: Schedule
+
+
+LONG_EPOCH_S = 180      # an epoch projected longer than this says so after PACE_STEPS steps (without a progress bar)
+PACE_STEPS = 5
+
+
+def say_long_epoch(epoch, steps, seconds, total):
+    """One line, when ``steps`` steps took ``seconds`` and the epoch's ``total`` steps at that pace take longer than
+    :data:`LONG_EPOCH_S`: what an epoch will take (a terminal's progress bar shows it anyway)."""
+    projected = seconds / max(steps, 1) * total
+    if projected > LONG_EPOCH_S:
+        print(f'epoch {epoch}: about {clock(projected)} an epoch at this pace ({steps} steps of {total} in '
+              f'{seconds:.1f}s)', flush=True)
 
 
 def train_loop(loader, optim: Optimization, epoch, step, desc, print_freq=10):
@@ -98,7 +111,12 @@ def train_loop(loader, optim: Optimization, epoch, step, desc, print_freq=10):
 
     times = {'batch': AverageMeter(), 'data': AverageMeter()}    # host seconds per iteration, and waiting for data
     end = time.time()
+    pace_from = None
     for idx, batch in enumerate(bar):
+        if idx == 1:
+            pace_from = time.time()     # the first step compiles and warms up: the pace counts from the second
+        elif idx == 1 + PACE_STEPS and bar.disable:
+            say_long_epoch(epoch, idx - 1, time.time() - pace_from, len(loader))
         times['data'].update(time.time() - end)
         schedule.warmup(optimizer, epoch, idx, len(loader))
         optimizer.zero_grad(set_to_none=True)

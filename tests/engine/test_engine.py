@@ -124,6 +124,8 @@ def test_the_lines_a_run_prints(tmp_path):
     ce = run_script('main_ce.py', *FAST, '--epochs', 1, '--save_folder', tmp_path / 'ce').stdout
     line = next(line for line in ce.splitlines() if line.startswith('epoch 1/1'))
     assert re.search(r': loss [\d.]+, train acc [\d.]+, lr [\d.]+, test acc [\d.]+', line), line   # each labelled
+    # the epoch's time says what its test pass took beside its training (it is not in the training's time)
+    assert re.match(r'epoch 1/1 \([\d.]+s \+ [\d.]+s evaluation; ', line), line
 
 
 @pytest.mark.slow

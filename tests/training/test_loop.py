@@ -154,3 +154,30 @@ def test_a_compiled_run_keeps_its_first_steps_graphs_and_runs_other_shapes_eager
 
     assert graphs_of_a_run(keep=True) == 1                     # the first step's graph alone
     assert graphs_of_a_run(keep=False) > 1                     # power: the smaller batch and eval mode recompile
+
+
+def test_a_long_epoch_says_its_length_after_its_first_steps(capsys, monkeypatch):
+    """Without a progress bar, an epoch that the pace of its first steps projects past LONG_EPOCH_S says so after
+    PACE_STEPS steps (not only at its end); a short one says nothing."""
+    from training import loop
+    loop.say_long_epoch(1, 5, 37.5, 469)
+    line = capsys.readouterr().out.strip()
+    assert line == 'epoch 1: about 58:38 an epoch at this pace (5 steps of 469 in 37.5s)', line
+    loop.say_long_epoch(1, 5, 1.0, 469)
+    assert capsys.readouterr().out == ''
+    monkeypatch.setattr(loop, 'LONG_EPOCH_S', 0.0)
+    steps = []
+
+    def step(batch, backward):
+        steps.append(1)
+        loss = torch.ones((), requires_grad=True) * 2
+        backward(loss)
+        return loss.detach(), 1, {}
+    model = torch.nn.Linear(1, 1)
+    from training.schedule import Schedule
+    optim = loop.Optimization(torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler('cpu', enabled=False),
+                              Schedule(learning_rate=0.1, epochs=1))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 1), torch.zeros(8)))
+    loop.train_loop(loader, optim, 1, step, 'T', print_freq=1000)
+    out = capsys.readouterr().out
+    assert 'epoch 1: about' in out and f'({loop.PACE_STEPS} steps of 8 in' in out
