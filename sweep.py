@@ -34,6 +34,8 @@ from sweeping.launch import shown
 from sweeping.plan import STAGE1
 from sweeping.tuning.show import budget_words, dry_run_tuning, stage_commands, tuning_status
 
+MAX_CPU_JOBS = 8         # --jobs by default on a machine without a GPU: the cores, up to this many
+
 # What runs a sweep (torch, the scripts' parsers, the table's libraries) is imported where a call runs one, not here:
 # --status reads the folders and records alone, in a second or two.
 
@@ -44,8 +46,8 @@ def parse_args(argv):
     p.add_argument('--launcher', choices=['local', 'slurm'], default='local',
                    help='local: runs on this machine; slurm: one SLURM job per cell, through submitit')
     p.add_argument('--jobs', type=int, default=None,
-                   help='local: stages at once (default: the GPUs, one run each, else the cores, one thread each); '
-                        'threads per run: cores / jobs')
+                   help=f'local: stages at once (default: the GPUs, one run each, else the cores up to {MAX_CPU_JOBS}, '
+                        'one thread each); threads per run: cores / jobs')
     p.add_argument('--dry-run', action='store_true', help='print the plan (cells, states, commands); run nothing')
     p.add_argument('--status', action='store_true', help='print the state of every cell; run nothing')
     p.add_argument('--only', action='append', default=[], metavar='PATTERN',
@@ -117,6 +119,16 @@ def to_run(cells, now, retry_failed):
     return tasks
 
 
+def whole_work(trial_stages, ready, later, estimate):
+    """The dry run's last line: every stage still to run (the trials', the cells' ready now, the seeded cells' after
+    the tuning) and the file's own estimate of the time, where it gives one."""
+    parts = [f'{n} {what}' for n, what in ((trial_stages, "of the trials"), (ready, "ready"),
+                                           (later, "of the seeded cells after the tuning")) if n]
+    total = trial_stages + ready + later
+    return (f'\nin all: {total} stages' + (f' ({", ".join(parts)})' if len(parts) > 1 else '')
+            + (f'; the file\'s estimate: {estimate}' if estimate else '; the file gives no estimate of the time'))
+
+
 def status_table(sweep, cells, now):
     stages = [STAGE1, *sweep.evaluations]
     lines = ['| cell | ' + ' | '.join(stages) + ' | folder |', '| --- |' + ' --- |' * (len(stages) + 1)]
@@ -143,7 +155,8 @@ def stage_counts(now):
     for state in now.values():
         counts[state] = counts.get(state, 0) + 1
     order = ('done', 'running', 'queued', 'interrupted', 'failed', 'pending', 'tuning')
-    return f'{len(now)} stages: ' + ', '.join(f'{counts[s]} {s}' for s in order if s in counts)
+    label = {'tuning': 'waiting for the tuning'}
+    return f'{len(now)} stages: ' + ', '.join(f'{counts[s]} {label.get(s, s)}' for s in order if s in counts)
 
 
 # ---------------------------------------------------------------- progress
@@ -281,7 +294,7 @@ def local_jobs(jobs):
     if jobs:
         return jobs
     import torch
-    return torch.cuda.device_count() or min(os.cpu_count() or 1, 8)
+    return torch.cuda.device_count() or min(os.cpu_count() or 1, MAX_CPU_JOBS)
 
 
 def tune(sweep, cells, args):
@@ -336,20 +349,24 @@ def main(argv=None):
             print(tuning_status(sweep, cells))
         print(table)
         if args.dry_run:
+            trial_stages = 0
             if any(c.waiting for c in cells):
-                print(dry_run_tuning(sweep, cells))
+                text, trial_stages = dry_run_tuning(sweep, cells)
+                print(text)
             tasks = to_run(cells, now, args.retry_failed)
+            ready = sum(len(s) for _, s in tasks)
             if tasks or not any(c.waiting for c in cells):     # (a tuned file's: the trials' commands said it all)
-                print(f'\nwould run {sum(len(s) for _, s in tasks)} stages'
-                      + (' (and the evaluations of the stage-1 runs they finish)' if tasks else ''))
+                print(f'\nwould run {ready} stages (each cell\'s pre-training and its evaluations)')
             for cell, stages in tasks:
                 print(*stage_commands(sweep, cell, stages), sep='\n')
             after = [c for c in cells if c.waiting]
+            later = sum(len(c.stages) for c in after)
             if after:
-                print(f'\nafter tuning, would run {sum(len(c.stages) for c in after)} stages of the seeded cells, '
+                print(f'\nafter tuning, would run {later} stages of the seeded cells, '
                       f'<flag> the value its study chooses (best.json):')
                 for cell in after:
                     print(*stage_commands(sweep, cell, cell.stages), sep='\n')
+            print(whole_work(trial_stages, ready, later, sweep.estimate))
         else:
             for name in ('table.md', 'figure.png', 'sweep.json'):
                 if os.path.isfile(os.path.join(sweep.folder, name)):

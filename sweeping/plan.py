@@ -52,7 +52,8 @@ KEYS = {'name': 'the sweep\'s folder: <save_folder>/sweeps/<name>/',
                        '\'{flag}\' is the cell\'s stage-1 value of that flag',
         'compare': 'the table(s): baseline, metric, by, evaluation, train_metrics, rows, name',
         'slurm': 'the SLURM launcher\'s settings (partition, time_min, gpus_per_node, ...)',
-        'tune': 'tuning before the seeded cells: trials, space, val_split, ... (docs/USAGE.md, "Tuning")'}
+        'tune': 'tuning before the seeded cells: trials, space, val_split, ... (docs/USAGE.md, "Tuning")',
+        'estimate': 'the time the whole file takes, as measured (e.g. about 3.5 hours at --jobs 2): the dry run says it'}
 METHOD_KEYS = ('script', 'evaluate', 'tune')         # a method entry's keys that are not flags
 COMPARE_KEYS = ('name', 'baseline', 'metric', 'by', 'evaluation', 'train_metrics', 'rows', 'methods')
 SLURM_KEYS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb', 'nodes', 'tasks_per_node',
@@ -144,6 +145,7 @@ class Sweep:
     base: dict = field(default_factory=dict)
     entries: dict = field(default_factory=dict)       # label -> (script, flags, evaluations)
     evaluation_flags: dict = field(default_factory=dict)   # evaluation -> its flags
+    estimate: str = ''                                  # the file's estimate of its time (estimate:)
 
     def select(self, patterns):
         """The cells whose name matches one of ``patterns`` (shell patterns: ``'SupCon *'``, ``'* seed 0'``)."""
@@ -286,8 +288,11 @@ def read(path, save_folder=None, check=True):
     if 'python' in slurm and not (isinstance(slurm['python'], str) and slurm['python'].strip()):
         raise SweepError(f'{where} slurm.python: the command a job runs Python with (e.g. '
                          f'/opt/envs/supcon/bin/python), got {slurm["python"]!r}')
+    estimate = data.get('estimate') or ''
+    if not isinstance(estimate, str):
+        raise SweepError(f'{where} estimate must be a line of text (about 3.5 hours at --jobs 2), got {estimate!r}')
     sweep = Sweep(path, name, folder, str(data.get('description') or ''), cells, list(entries), axes,
-                  list(evaluations), compare, slurm, text, tune, base, entries, evaluations)
+                  list(evaluations), compare, slurm, text, tune, base, entries, evaluations, estimate)
     if check:
         check_base(base, entries, evaluations, where)
     return sweep

@@ -59,7 +59,7 @@ def stage_commands(sweep, cell, stages, trial_values=None):
 def dry_run_tuning(sweep, cells):
     """What ``--dry-run`` says of the tuning still to do: per study the trials left and the commands of its next
     trial, with a placeholder for each value the sampler chooses when the trial starts (the seeded cells' commands
-    follow, with placeholders for the chosen values)."""
+    follow, with placeholders for the chosen values). Returns ``(text, the trials' stages still to run)``."""
     from sweeping.tuning import tuner as tuning
     from sweeping.tuning.status import read_study
     wanted = {(c.method, tuple(c.axes.items())) for c in cells if c.waiting}
@@ -67,6 +67,7 @@ def dry_run_tuning(sweep, cells):
     lines = [f'\nwould tune first: {len(studies)} studies x {budget_words(sweep.tune)} (the trials not run yet, then '
              'the seeded cells with the chosen values); each trial runs these commands, <flag> chosen by the sampler '
              'when it starts:']
+    n_stages = 0
     for study in studies:
         done = len(read_study(study.folder).get('trials', []))
         ranges = ', '.join(f'{flag} {describe_range(rng)}' for flag, rng in study.space.items())
@@ -74,8 +75,9 @@ def dry_run_tuning(sweep, cells):
         lines.append(f'  {study.label}: trials {done} to {searched - 1} of {searched} ({ranges})')
         low = {flag: rng.choices[0] if rng.choices is not None else rng.low for flag, rng in study.space.items()}
         cell = study.cell(done, low)
+        n_stages += max(0, sweep.tune.trials - done) * len(cell.stages)     # the confirming runs are trials too
         lines += ['  ' + line for line in stage_commands(sweep, cell, cell.stages, study.space)]
-    return '\n'.join(lines)
+    return '\n'.join(lines), n_stages
 
 
 def describe_range(rng):

@@ -256,8 +256,9 @@ class Tuner:
             if prune and outcome is None and launcher.stage.name == STAGE1:
                 launcher.stop('pruned')
                 opt_study.tell(trial, state=state.PRUNED)
-                self.record(study, opt_study)
+                # said before the record, which says the study's choice when this was its last trial
                 self.say(f'pruned: trial {trial.number} of {study.label} after epoch {max(reported)}')
+                self.record(study, opt_study)
                 return False
         if outcome is None:
             return True

@@ -668,3 +668,14 @@ def test_every_bundled_sweep_file_plans(tmp_path):
     broken.write_text(text.replace("imb_factor: '{imb_factor}', probe_norm: none", "imb_factor: '{imb_factor, probe_norm: none}'"))
     with pytest.raises(sweep_plan.SweepError, match='invalid float value'):
         sweep_plan.prepare(*(lambda s: (s, s.cells))(sweep_plan.read(str(broken), str(tmp_path / 'save'))))
+
+
+def test_the_jobs_default_reads_alike_in_help_and_usage(capsys):
+    """`sweep.py --help` and docs/USAGE.md give the same default for --jobs: the cores up to MAX_CPU_JOBS."""
+    import sweep as sweep_script
+    with pytest.raises(SystemExit):
+        sweep_script.parse_args(['--help'])
+    text = ' '.join(capsys.readouterr().out.split())
+    assert f'else the cores up to {sweep_script.MAX_CPU_JOBS},' in text
+    usage = ' '.join(open(os.path.join(ROOT, 'docs', 'USAGE.md')).read().split())
+    assert f'else the cores up to {sweep_script.MAX_CPU_JOBS}' in usage

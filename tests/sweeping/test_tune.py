@@ -284,6 +284,8 @@ def test_a_pruned_trial_is_stopped_early(tmp_path, floor):
         assert len(rows) == epochs + 1
         return
     assert 'pruned: trial 1 of CE after epoch' in out.stdout
+    # the lines in the order things happened: the last trial's pruning, then the study's choice
+    assert out.stdout.index('pruned: trial 1 of CE') < out.stdout.index('chosen for CE')
     record = study(folder, 'CE')
     assert [t['state'] for t in record['trials']] == ['complete', 'pruned']
     cell = json.loads((folder / 'tune' / 'CE' / 'trial_1' / 'cell.json').read_text())
@@ -511,6 +513,15 @@ def test_the_dry_run_of_a_tuned_sweep_prints_every_command_with_placeholders(tmp
     assert not cell.waiting and printed('SupCon seed 1, pretrain:') == cell.stages[0].command()[1:]
     assert "--ckpt '<the stage-1 run folder>/last.pth'" in out.stdout
     assert "--test_every end" in next(x for x in lines if 'SupCon seed 1, linear:' in x)
+    # the whole work in one line: the trials' stages (every study's budget, confirmations included) and the cells'
+    studies = tuning.studies_of(sweep_)
+    trial_stages = sum(sweep_.tune.trials * len(s.cell(0, values).stages) for s in studies)
+    assert f'in all: {trial_stages + 6} stages ({trial_stages} of the trials, 6 of the seeded cells after the ' \
+           'tuning); the file gives no estimate of the time' in out.stdout
+    assert 'stages: 6 waiting for the tuning)' in lines[0], lines[0]
+    path.write_text(path.read_text() + 'estimate: about 2 minutes at --jobs 2\n')
+    out = run_in_process('sweep.py', path, '--save_folder', tmp_path / 'other', '--dry-run')
+    assert out.stdout.strip().endswith("; the file's estimate: about 2 minutes at --jobs 2"), out.stdout[-300:]
 
 
 @pytest.mark.slow
