@@ -36,6 +36,11 @@ CASES = {**method_modes(queue=('--queue_size', '64', '--moco_m', '0.9')),
          'CE+CARROT': ['--carrot'],
          'CE+SupCon': ['--supcon_weight', '0.5', '--loss', 'balanced_softmax'],
          'KCL k 2': ['--method', 'KCL', '--kcl_k', '2'],
+         # RINCE's terms are exp(q s_ij) with s up to 1 / tau: at the default 0.07, e^7 (a loss of -1000, gradients of
+         # 80), whose float32 sums in another order differ beyond the tolerance; at 0.5 they are of SupCon's size
+         'RINCE': ['--method', 'RINCE', '--temp', '0.5'],
+         'RINCE + queue + CARROT': ['--method', 'RINCE', '--temp', '0.5', '--queue_size', '64', '--moco_m', '0.9',
+                                    '--carrot'],
          'PaCo alpha 0.3': ['--method', 'PaCo', '--paco_alpha', '0.3']}
 
 
@@ -59,9 +64,12 @@ def one_step(case, rank=0, world=1, train=False, chunk=0):
     out = {}
     if queue is not None:
         out['queue'] = {k: v.clone() for k, v in queue.state_dict().items()}
-    if not case.startswith('CE') and training.method.uses_ids:
-        out['cache'] = training.criterion.cache_feat.clone()
-        out['cache_valid'] = training.criterion.cache_valid.clone()
+    if not case.startswith('CE') and training.method.uses_ids:      # the loss's state: RASCAL's cache, Sel-CL's bank
+        state = training.criterion.state_dict()
+        if 'cache_feat' in state:
+            out['cache'], out['cache_valid'] = state['cache_feat'].clone(), state['cache_valid'].clone()
+        if 'bank' in state:
+            out['bank'], out['bank_label'] = state['bank'].clone(), state['bank_label'].clone()
     out.update(loss=loss.detach(), stats={k: torch.as_tensor(v).detach() for k, v in stats.items()}, grads=grads)
     return out
 
@@ -155,7 +163,8 @@ def test_queues_identical_on_every_rank(ranks, case):
     for r in range(WORLD):
         for key, value in single['queue'].items():
             torch.testing.assert_close(ranks[r][case]['queue'][key], value, rtol=1e-5, atol=1e-6, msg=key)
-    assert int(single['queue']['ptr']) == (40 + BSZ * (2 if case.startswith('RASCAL') else 1)) % 64   # wraps
+    warm = case.startswith(('RASCAL', 'SelCL'))                 # a method with ids takes a first step (take_steps)
+    assert int(single['queue']['ptr']) == (40 + BSZ * (2 if warm else 1)) % 64   # wraps
 
 
 @pytest.mark.xdist_group('ddp_steps')
@@ -166,6 +175,17 @@ def test_rascal_caches_identical_on_every_rank(ranks):
         assert torch.equal(ranks[r]['RASCAL']['cache_valid'], single['cache_valid'])
         torch.testing.assert_close(ranks[r]['RASCAL']['cache'], single['cache'], rtol=1e-5, atol=1e-6)
     assert torch.equal(ranks[0]['RASCAL']['cache'], ranks[1]['RASCAL']['cache'])
+
+
+@pytest.mark.xdist_group('ddp_steps')
+def test_selcl_banks_identical_on_every_rank(ranks):
+    """Sel-CL's feature bank holds the global batch's samples on every process, as one process would."""
+    single = one_step('SelCL')
+    assert int((single['bank_label'] >= 0).sum()) == BSZ
+    for r in range(WORLD):
+        assert torch.equal(ranks[r]['SelCL']['bank_label'], single['bank_label'])
+        torch.testing.assert_close(ranks[r]['SelCL']['bank'], single['bank'], rtol=1e-5, atol=1e-6)
+    assert torch.equal(ranks[0]['SelCL']['bank'], ranks[1]['SelCL']['bank'])
 
 
 # the modes whose processes trained different models before 6d42068: the bare model of --chunk_size, the loss's
