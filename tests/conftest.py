@@ -16,7 +16,23 @@ for folder in sorted(os.listdir(TESTS)):
 
 import torch  # noqa: E402
 
-from helpers import CPU_AUGMENT, FAST, only_run_folder, run_script  # noqa: E402  (needs ROOT on the path)
+from helpers import (  # noqa: E402  (needs ROOT on the path)
+    CPU_AUGMENT,
+    FAST,
+    only_run_folder,
+    run_script,
+    use_subprocesses_unless_the_server_can_run,
+)
+
+# before any worker starts: on a Python whose internals the script server was not checked on, real subprocesses
+# (SUITE_AS_PYTHON=3.99 asks as another Python would: how the fallback is tried here)
+_AS = os.environ.get('SUITE_AS_PYTHON')
+FALLBACK = use_subprocesses_unless_the_server_can_run(tuple(map(int, _AS.split('.'))) if _AS else None)
+
+
+def pytest_sessionstart(session):
+    if FALLBACK and not hasattr(session.config, 'workerinput'):     # said once, by the controller
+        session.config.pluginmanager.get_plugin('terminalreporter').write_line(FALLBACK)
 
 # One thread per pytest-xdist worker, as its scripts have (helpers.script_env): two workers of two threads each on
 # two cores made OpenMP's waiting threads spin against each other (a 0.2 s step took 6 s).

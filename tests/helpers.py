@@ -43,6 +43,44 @@ def script_env(**extra):
             **extra}
 
 
+# The Pythons on which the suite ran through tests/script_server.py, whose private internals it relies on:
+# subprocess.Popen's _execute_child (its parameters, by name), _close_pipe_fds and _child_created, and atexit's _clear
+# and _run_exitfuncs. On any other Python the suite starts real interpreters instead (SUITE_SUBPROCESS=1).
+CHECKED_PYTHONS = ((3, 11), (3, 12))
+SERVER_READS = ('args', 'executable', 'preexec_fn', 'pass_fds', 'cwd', 'env', 'shell', 'p2cread', 'p2cwrite',
+                'c2pread', 'c2pwrite', 'errread', 'errwrite', 'umask', 'start_new_session')
+
+
+def script_server_usable(version=None):
+    """``(usable, why not)``: whether tests/script_server.py can fork the scripts on this Python (``version``: another
+    ``(major, minor)`` to ask about): one of :data:`CHECKED_PYTHONS`, with the private internals it reads present."""
+    import atexit
+    import inspect
+    version = tuple(sys.version_info[:2] if version is None else version)
+    if version not in CHECKED_PYTHONS:
+        return False, (f'Python {version[0]}.{version[1]} is not one the script server was checked on '
+                       f'({", ".join(f"{a}.{b}" for a, b in CHECKED_PYTHONS)})')
+    params = set(inspect.signature(subprocess.Popen._execute_child).parameters)
+    missing = [p for p in SERVER_READS if p not in params]
+    missing += [name for owner, name in ((subprocess.Popen, '_close_pipe_fds'), (atexit, '_clear'),
+                                         (atexit, '_run_exitfuncs')) if not hasattr(owner, name)]
+    if missing:
+        return False, f'this Python lacks the internals the script server reads ({", ".join(missing)})'
+    return True, ''
+
+
+def use_subprocesses_unless_the_server_can_run(version=None):
+    """Set ``SUITE_SUBPROCESS=1`` (real interpreters) when the script server cannot run here; returns the one line
+    that says so, or ``''``."""
+    if os.environ.get('SUITE_SUBPROCESS') == '1':
+        return ''
+    usable, why = script_server_usable(version)
+    if usable:
+        return ''
+    os.environ['SUITE_SUBPROCESS'] = '1'
+    return f'tests: {why}: the scripts run as real subprocesses (slower, the same tests)'
+
+
 def own_process(*target):
     """``[python, ..., target]`` for a script (``'sweep.py'``) or a module (``'-m', 'benchmarks.gpu_check'``) that
     a test starts and signals itself (SIGKILL included): a real interpreter that has imported torch and whose own

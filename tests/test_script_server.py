@@ -4,6 +4,7 @@ repo's modules imported afresh), a timeout kills the run and the next one still 
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -129,3 +130,25 @@ def test_a_script_s_own_children_are_forked_and_behave_as_real_processes(tmp_pat
     assert out[1] == f'term {-signal.SIGTERM}'
     assert out[2] == "module m 0 \"module True ['arg']\\nits child True True True 4\\n\""
     assert out[3:] == ['True', 'pipe True', 'the parent exit handler']
+
+
+def test_the_server_names_the_pythons_it_relies_on_and_falls_back_on_others(monkeypatch):
+    """The script server reads private internals of subprocess and atexit: it runs on the Pythons of
+    helpers.CHECKED_PYTHONS whose internals are there (this one among them, or the suite says it fell back), and on
+    any other the suite sets SUITE_SUBPROCESS=1 and says so in one line, rather than failing."""
+    import helpers
+    assert helpers.CHECKED_PYTHONS == ((3, 11), (3, 12))
+    usable, why = helpers.script_server_usable()
+    assert usable or os.environ.get('SUITE_SUBPROCESS') == '1', why
+    monkeypatch.delenv('SUITE_SUBPROCESS', raising=False)
+    line = helpers.use_subprocesses_unless_the_server_can_run((3, 99))
+    assert os.environ['SUITE_SUBPROCESS'] == '1'
+    assert line == ('tests: Python 3.99 is not one the script server was checked on (3.11, 3.12): the scripts run '
+                    'as real subprocesses (slower, the same tests)')
+    proc = helpers.start_script('main_supcon.py', ['--help'])
+    out, _ = proc.communicate(timeout=120)
+    assert isinstance(proc, subprocess.Popen) and proc.returncode == 0 and '--method' in out     # a real interpreter
+    if sys.version_info[:2] in helpers.CHECKED_PYTHONS:          # power: without an internal it reads, not usable
+        monkeypatch.delattr(subprocess.Popen, '_close_pipe_fds')
+        assert helpers.script_server_usable() == (False, 'this Python lacks the internals the script server reads '
+                                                         '(_close_pipe_fds)')
