@@ -22,11 +22,10 @@ import torch
 from config.cli import run_cli
 from core.flags import Parser, UserError
 from data import DATASETS, build_dataset, build_loader, build_transform, coarse_labels, dataset_info
-from evaluation.knn import extract_features
+from evaluation.knn import extract_features, rankme
 from runtime.checkpoint import load_checkpoint, load_encoder, run_checkpoint
 from runtime.device import Runtime, resolve_device
 from runtime.run_folder import writable_folder
-from training.monitors import rankme
 
 
 def kappa_hat(features, labels):

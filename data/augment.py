@@ -18,7 +18,8 @@ import torch
 
 from datasets_indexed import IndexedDataset
 from runtime.rng import register_generator
-from training.loop import PendingViews
+
+from .views import PendingViews
 
 GRAY = (0.2989, 0.587, 0.114)          # torchvision's RGB -> luma weights for tensors
 
@@ -401,7 +402,7 @@ class BatchAugment:
 
     def apply_in_graph(self, images, params):
         """:meth:`apply` of a training kind in its form without host reads on every device (on a GPU the same numbers;
-        on a CPU within float rounding of its own form), for a compiled step (``training.loop.PendingViews``)."""
+        on a CPU within float rounding of its own form), for a compiled step (``data.views.PendingViews``)."""
         return self._apply(images, params, sync_free=True)
 
     def __call__(self, images):
@@ -444,7 +445,7 @@ class DeviceLoader:
         self.augment = BatchAugment(size, *mean_std, style, kind,
                                     augment_generator(device, seed, rank) if self.train else None)
         self.sampler = self                      # loop.train_loop calls loader.sampler.set_epoch(epoch)
-        self.pending = False                     # training.loop.pend_augmentation: yield PendingViews
+        self.pending = False                     # data.views.pend_augmentation: yield PendingViews
 
     def set_epoch(self, epoch):
         self.epoch = epoch

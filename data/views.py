@@ -4,6 +4,7 @@ with their flags (``flags.Feature``). ``--augment device`` batches the same pipe
 """
 import argparse
 
+import torch
 from torchvision import transforms
 
 from core.flags import Feature, check
@@ -113,3 +114,29 @@ MULTICROP = Feature(
                                 help='multi-crop: the small views\' size (default: --size x 96/224)')},
     run_name=lambda num_small_crops, small_size: (f'_multicrop_{num_small_crops}x{small_size}' if num_small_crops
                                                   else ''))
+
+
+class PendingViews:
+    """A batch's views before their augmentation, so that it runs inside the step's compiled graph (``--augment device``
+    with ``--compile``: ``data.augment.DeviceLoader`` yields them, :func:`pend_augmentation`). ``images``: uint8
+    ``[V*b, C, H, W]`` on the device, each sample once per view, view-major; ``params``: the augmentation's
+    parameters, drawn already by the loader (from its generator, as it would have); ``augment(images, params)``: the
+    augmentation in its form without host reads; ``channels_last``: the views' memory format. :meth:`views` is the
+    list of the ``n_views`` augmented views the loader would have yielded."""
+
+    def __init__(self, images, params, augment, n_views, channels_last=False):
+        self.images, self.params, self.augment = images, params, augment
+        self.n_views, self.channels_last = n_views, channels_last
+
+    def views(self):
+        out = self.augment(self.images, self.params)
+        if self.channels_last:
+            out = out.contiguous(memory_format=torch.channels_last)
+        return list(out.chunk(self.n_views))
+
+
+def pend_augmentation(loader, on):
+    """Have a loader that can (``data.augment.DeviceLoader``, its ``pending``) yield :class:`PendingViews` instead of
+    augmented views, when ``on`` (a trainer whose step's forward is compiled takes the augmentation into its graph)."""
+    if hasattr(loader, 'pending'):
+        loader.pending = on

@@ -247,14 +247,16 @@ SHOWN = {'train/loss': 'loss', 'train/acc': 'train acc', 'train/lr': 'lr', 'val/
 
 def epoch_line(epoch, epochs, scalars, elapsed, left, evaluation=None):
     """One short line per epoch: its time (training, and the evaluation after it, ``evaluation`` seconds, when there
-    was one), the run's elapsed time and an estimate of what is left, the :data:`SHOWN` metrics and the encoder's collapse
-    statistics in brief (the rest: metrics.csv, TensorBoard)."""
+    was one), the run's elapsed time and an estimate of what is left, the :data:`SHOWN` metrics and the encoder's
+    collapse statistics in brief (the rest: metrics.csv, TensorBoard)."""
     shown = ', '.join(f'{label} {scalars[k]:.4g}' for k, label in SHOWN.items() if k in scalars)
     collapse = [f'{name} {scalars[f"train/collapse/{name}_enc"]:.3g}' for name in ('z_std', 'cos')
                 if f'train/collapse/{name}_enc' in scalars]
     if collapse:
         shown += ' | encoder ' + ', '.join(collapse)
-    took = f'{scalars["train/epoch_time"]:.1f}s' + (f' + {evaluation:.1f}s evaluation' if evaluation is not None else '')
+    took = f'{scalars["train/epoch_time"]:.1f}s'
+    if evaluation is not None:
+        took += f' + {evaluation:.1f}s evaluation'
     return f'epoch {epoch}/{epochs} ({took}; {clock(elapsed)} elapsed, about {clock(left)} left): {shown}'
 
 

@@ -11,9 +11,16 @@ import torch.nn.functional as F
 from core.flags import Feature, UserError, call_hook, check, check_temperature
 from data import build_dataset, build_loader, build_transform, coarse_labels, num_classes
 from runtime.device import Runtime
-from training.monitors import rankme
 from util import progress
 
+
+@torch.no_grad()
+def rankme(features, eps=1e-7):
+    """Effective rank ``exp(-sum_k p_k log p_k)`` with ``p_k = s_k / sum(s) + eps`` over the singular
+    values ``s`` of ``features`` ``[N, D]`` (RankMe, Garrido et al. 2023). Between 1 and ``min(N, D)``."""
+    s = torch.linalg.svdvals(features.double())
+    p = s / s.sum().clamp(min=1e-300) + eps
+    return float(torch.exp(-(p * p.log()).sum()))
 
 def few_shot_indices(targets, shots, seed):
     """Indices of ``shots`` training images per class (sorted), drawn uniformly without replacement with
@@ -90,7 +97,7 @@ def knn_monitor(opt):
     features, every N epochs and at the last, with the training part as the bank and as queries the held-out part
     (``--val_split``: ``knn/val_acc``) or else the test split (``knn/acc``); with coarse training also the fine
     labels' (``knn/val_acc_fine``, ``knn/acc_fine``), and the effective rank of the unit query features
-    (``collapse/rankme_val`` or ``collapse/rankme_test``, :func:`monitors.rankme`). Features are extracted once per
+    (``collapse/rankme_val`` or ``collapse/rankme_test``, :func:`rankme`). Features are extracted once per
     evaluation; coarse labels are the fine ones mapped. With ``--knn_shots K`` each accuracy is also given for a
     bank of only ``K`` labelled training images per class (``..._Kshot``; ``k = min(--knn_k, K * classes)``), the
     same draw (seed 0) at every evaluation, so the curve follows the encoder, not the draw."""

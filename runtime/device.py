@@ -29,10 +29,8 @@ def keep_freed_memory():
     glibc serves blocks over 128 KB from a fresh ``mmap`` (a threshold it may raise as blocks are freed, by an
     amount that varies between runs) and trims freed heap tops over 128 KB, so work that
     allocates such temporaries at every operation (the batched augmentation of ``--augment device`` on a CPU,
-    a CPU training step) pays a page fault per 4 KB page at each use: on a 2-core machine a third of the time
-    of ``augment.BatchAugment``. Blocks up to 32 MB now come from the heap and up to 256 MB of freed heap stays
-    mapped (PyTorch's CPU tuning guide recommends jemalloc or tcmalloc for the same reason). Returns whether the
-    setting took effect."""
+    a CPU training step) pays a page fault per 4 KB page at each use. Here blocks up to 32 MB come from the heap and
+    up to 256 MB of freed heap stays mapped (docs/AUGMENT.md). Returns whether the setting took effect."""
     import ctypes
     import platform
     if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc':

@@ -53,7 +53,7 @@ KEYS = {'name': 'the sweep\'s folder: <save_folder>/sweeps/<name>/',
         'compare': 'the table(s): baseline, metric, by, evaluation, train_metrics, rows, name',
         'slurm': 'the SLURM launcher\'s settings (partition, time_min, gpus_per_node, ...)',
         'tune': 'tuning before the seeded cells: trials, space, val_split, ... (docs/USAGE.md, "Tuning")',
-        'estimate': 'the time the whole file takes, as measured (e.g. about 3.5 hours at --jobs 2): the dry run says it'}
+        'estimate': 'the time the whole file takes, as measured (about 3.5 hours at --jobs 2): the dry run says it'}
 METHOD_KEYS = ('script', 'evaluate', 'tune')         # a method entry's keys that are not flags
 COMPARE_KEYS = ('name', 'baseline', 'metric', 'by', 'evaluation', 'train_metrics', 'rows', 'methods')
 SLURM_KEYS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb', 'nodes', 'tasks_per_node',

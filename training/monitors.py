@@ -1,11 +1,10 @@
-"""Collapse monitors: cheap statistics of features a step has already computed, the effective rank of
-a whole split's features, and the run-time warning when a representation has collapsed.
+"""Collapse monitors: cheap statistics of features a step has already computed, and the run-time warning when a
+representation has collapsed (the effective rank of a whole split's features: ``evaluation.knn.rankme``).
 
 - :func:`collapse_statistics` (per step, every method): ``z_std``, the per-dimension standard deviation
   of the L2-normalized rows averaged over dimensions (lightly's ``std_of_l2_normalized``): about
   ``1/sqrt(D)`` when the rows are spread over the sphere, 0 when they all point the same way; and
   ``cos``, the mean cosine similarity over the ordered pairs ``i != j`` (1 when collapsed).
-- :func:`rankme` (at evaluation): the effective rank of a feature matrix (Garrido et al. 2023).
 - :class:`CollapseWatch`: a one-time warning when the epoch means say the run has collapsed.
 
 These are relative signals: SupCon's optimum puts each class on one point, so the features of a
@@ -30,15 +29,6 @@ def collapse_statistics(h, name):
     total = z.sum(0)
     return {f'collapse/z_std_{name}': z.std(dim=0).mean(),
             f'collapse/cos_{name}': ((total @ total) - n) / (n * (n - 1))}
-
-
-@torch.no_grad()
-def rankme(features, eps=1e-7):
-    """Effective rank ``exp(-sum_k p_k log p_k)`` with ``p_k = s_k / sum(s) + eps`` over the singular
-    values ``s`` of ``features`` ``[N, D]`` (RankMe, Garrido et al. 2023). Between 1 and ``min(N, D)``."""
-    s = torch.linalg.svdvals(features.double())
-    p = s / s.sum().clamp(min=1e-300) + eps
-    return float(torch.exp(-(p * p.log()).sum()))
 
 
 class CollapseWatch:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from core.flags import Feature, call_hook, check
+from data.views import PendingViews, pend_augmentation
 from losses import LogitAdjustedLoss, SupConLoss, cross_entropy, flatten_views
 from losses_noise import GCELoss, SCELoss
 from methods import Method, get_method
@@ -36,7 +37,7 @@ from runtime.distributed import (
 )
 from training.carrot import carrot_term, compiles_with
 from training.chunks import cached_step
-from training.loop import Optimization, PendingViews, evaluate_parts, parts_after, pend_augmentation, train_loop
+from training.loop import Optimization, evaluate_parts, parts_after, train_loop
 from training.memory_queue import MemoryQueue, MomentumEncoder, key_features, sample_keys
 from training.monitors import collapse_statistics
 from util import accuracy
@@ -415,7 +416,7 @@ def device_batch(runtime, views):
     return batches[0] if len(batches) == 1 else batches
 
 
-# ---------------------------------------------------------------- the flags of CARROT, the CE loss, one stage
+# ---------------------------------------------------------------- the flags of the CE loss and of one stage
 def ce_criterion(loss, class_counts, la_tau, gce_q, sce_alpha, sce_beta):
     """``--loss``'s module, or ``None`` for plain cross-entropy: logit-adjusted (``la_tau``; balanced softmax is tau =
     1; priors from ``class_counts``, the training labels after the long-tail subset and label noise), GCE or SCE."""

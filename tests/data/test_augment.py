@@ -383,11 +383,11 @@ def test_device_loader_drops_a_last_batch_of_one():
 
 @pytest.mark.parametrize('n_views, kind', [(2, 'contrastive'), (None, 'train')])
 def test_a_pending_loader_yields_what_the_step_augments(n_views, kind):
-    """``pending`` (``training.loop.pend_augmentation``, under ``--compile``): the loader draws the same parameters
-    from its generator and hands the uint8 images over (:class:`training.loop.PendingViews`); the views they make are
+    """``pending`` (``data.views.pend_augmentation``, under ``--compile``): the loader draws the same parameters
+    from its generator and hands the uint8 images over (:class:`data.views.PendingViews`); the views they make are
     the loader's own (its form without host reads: within float rounding on a CPU) and the generator is left where
     the plain loader leaves it."""
-    from training.loop import PendingViews
+    from data.views import PendingViews
     rng = np.random.default_rng(0)
     images, targets = rng.integers(0, 256, (24, 20, 20, 3), dtype=np.uint8), [0, 1, 2] * 8
     kw = dict(device=torch.device('cpu'), batch_size=8, size=16, mean_std=((0.5,) * 3, (0.25,) * 3),

@@ -665,7 +665,8 @@ def test_every_bundled_sweep_file_plans(tmp_path):
         sweep_plan.prepare(sweep_, list(one_seed.values()))
     broken = tmp_path / 'broken.yaml'
     text = open(os.path.join(ROOT, 'sweeps', 'longtail_ablation_digits.yaml')).read()
-    broken.write_text(text.replace("imb_factor: '{imb_factor}', probe_norm: none", "imb_factor: '{imb_factor, probe_norm: none}'"))
+    broken.write_text(text.replace("imb_factor: '{imb_factor}', probe_norm: none",
+                                   "imb_factor: '{imb_factor, probe_norm: none}'"))
     with pytest.raises(sweep_plan.SweepError, match='invalid float value'):
         sweep_plan.prepare(*(lambda s: (s, s.cells))(sweep_plan.read(str(broken), str(tmp_path / 'save'))))
 

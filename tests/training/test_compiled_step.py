@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import sync_count
+from data.views import PendingViews
 from helpers import STEP_BSZ, build_training, method_modes, step_batch
 from methods import METHODS
 from runtime.device import dynamic_sizes, traces_grad
-from training.loop import PendingViews
 
 pytestmark = pytest.mark.slow
 
@@ -394,7 +394,7 @@ def test_only_a_compiled_forward_takes_the_augmentation(monkeypatch):
     """The loader hands its augmentation over (``pending``) only to a step whose forward is compiled: without
     ``--compile`` the views come augmented as before (on a CPU the CPU's own form of the augmentation). Power: a
     loader without ``pending`` is left alone."""
-    from training.loop import pend_augmentation
+    from data.views import pend_augmentation
     without_compiles(monkeypatch)
     cases = {(): (False, False), ('--compile',): (True, False), ('--compile', '--method', 'KCL'): (False, True),
              ('--compile', '--carrot'): (traces_grad(), False), ('--compile', '--chunk_size', '4'): (False, False)}

@@ -5,8 +5,9 @@ import os
 import pytest
 import torch
 
+from evaluation.knn import rankme
 from helpers import FAST, only_run_folder, read_metrics, run_script, scaled, unit
-from training.monitors import CollapseWatch, collapse_statistics, rankme
+from training.monitors import CollapseWatch, collapse_statistics
 
 
 def test_identical_features_are_fully_collapsed():
