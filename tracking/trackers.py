@@ -273,10 +273,12 @@ def wandb_add(folder, entry, summary=None, files=(), **init):
 
 
 def wandb_attach(run, path):
-    """``path`` into the W&B run's files: a copy in its files folder, which W&B uploads with the run (``run.save``
-    would symlink it and print a warning that asks the user to call it again)."""
+    """``path`` into the W&B run's files: copied into its files folder, then saved from there (``run.save`` of a file
+    outside that folder symlinks it and prints a warning that asks the user to call it again)."""
     import shutil
-    shutil.copyfile(path, os.path.join(run.dir, os.path.basename(path)))
+    copy = os.path.join(run.dir, os.path.basename(path))
+    shutil.copyfile(path, copy)
+    run.save(copy, base_path=run.dir, policy='now')
 
 
 class WandbRun:

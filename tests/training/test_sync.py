@@ -56,8 +56,9 @@ def test_chunked_step_never_waits_for_the_device(argv, accelerator_forms):
     assert steady_state_syncs(build_training(argv, chunk=6, train=True)) == {}
 
 
-@pytest.mark.parametrize('argv', [[], ['--carrot'], ['--supcon_weight', '1', '--loss', 'logit_adjusted']],
-                         ids=['CE', 'CE + CARROT', 'CE + SupCon, logit-adjusted'])
+@pytest.mark.parametrize('argv', [[], ['--carrot'], ['--supcon_weight', '1', '--loss', 'logit_adjusted'],
+                                  ['--loss', 'gce'], ['--loss', 'sce', '--carrot']],
+                         ids=['CE', 'CE + CARROT', 'CE + SupCon, logit-adjusted', 'GCE', 'SCE + CARROT'])
 def test_ce_step_never_waits_for_the_device(argv, accelerator_forms):
     assert steady_state_syncs(build_training(argv, ce=True, train=True)) == {}
 
