@@ -237,24 +237,26 @@ def kcl(features, labels, drawn, temperature):
     return total / n_rows
 
 
-def sincere(features, labels, temperature, margin=0.0, queue=None):
-    """SINCERE (``margin`` 0) / epsilon-SupInfoNCE: per positive ``p`` of anchor ``i``,
-    ``log(exp(z_i.z_p/tau - eps) + sum_{n: other label} exp(z_i.z_n/tau)) - z_i.z_p/tau``, averaged over the
-    positives, then over the anchors."""
+def per_positive(features, labels, queue, term):
+    """Per anchor ``i`` the mean over its positives ``p`` (same label, not ``i``) of ``term(z_i.z_p, [z_i.z_n for the
+    rows n of other labels])``, then the mean over the anchors (an anchor without a positive adds 0)."""
     rows, n_rows = _field_rows(features, labels, queue)
     total = features.sum() * 0.0
     for i in range(n_rows):
         zi, yi, _ = rows[i]
         P = [j for j in range(len(rows)) if j != i and rows[j][1] == yi]
         N = [j for j in range(len(rows)) if rows[j][1] != yi]
-        if not P:
-            continue
-        terms = []
-        for p in P:
-            s_p = zi @ rows[p][0] / temperature
-            terms.append(_logsumexp([s_p - margin] + [zi @ rows[n][0] / temperature for n in N]) - s_p)
-        total = total + sum(terms) / len(P)
+        if P:
+            total = total + sum(term(zi @ rows[p][0], [zi @ rows[n][0] for n in N]) for p in P) / len(P)
     return total / n_rows
+
+
+def sincere(features, labels, temperature, margin=0.0, queue=None):
+    """SINCERE (``margin`` 0) / epsilon-SupInfoNCE: per positive ``p`` of anchor ``i``,
+    ``log(exp(z_i.z_p/tau - eps) + sum_{n: other label} exp(z_i.z_n/tau)) - z_i.z_p/tau``, averaged over the
+    positives, then over the anchors."""
+    return per_positive(features, labels, queue, lambda sp, sn: _logsumexp(
+        [sp / temperature - margin] + [v / temperature for v in sn]) - sp / temperature)
 
 
 def supdcl(features, labels, temperature, queue=None):
@@ -396,21 +398,11 @@ def symnce(features, labels, temperature, beta, queue=None):
 def rince(features, labels, temperature, q, lam, queue=None):
     """Supervised RINCE: per positive ``p`` of anchor ``i``, ``-exp(s_ip)^q / q + (lam (exp(s_ip) + sum_{n: other
     label} exp(s_in)))^q / q``, averaged over the positives, then over the anchors (none: 0)."""
-    rows, n_rows = _field_rows(features, labels, queue)
-    total = features.sum() * 0.0
-    for i in range(n_rows):
-        zi, yi, _ = rows[i]
-        P = [j for j in range(len(rows)) if j != i and rows[j][1] == yi]
-        N = [j for j in range(len(rows)) if rows[j][1] != yi]
-        if not P:
-            continue
-        terms = []
-        for p in P:
-            pos = torch.exp(zi @ rows[p][0] / temperature)
-            dens = pos + sum((torch.exp(zi @ rows[n][0] / temperature) for n in N), pos * 0)
-            terms.append(-pos ** q / q + (lam * dens) ** q / q)
-        total = total + sum(terms) / len(P)
-    return total / n_rows
+    def term(sp, sn):
+        pos = torch.exp(sp / temperature)
+        dens = pos + sum((torch.exp(v / temperature) for v in sn), pos * 0)
+        return -pos ** q / q + (lam * dens) ** q / q
+    return per_positive(features, labels, queue, term)
 
 
 def selcl(features, labels, ids, partner, temperature, queue=None):
