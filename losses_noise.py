@@ -152,6 +152,7 @@ class RINCELoss(Loss):
 
 
 # ---------------------------------------------------------------- Sel-CL
+SIM_TOLERANCE = 1e-6     # a cosine similarity and the threshold compared within float32 rounding
 def _vote(neighbour_labels, n_classes):
     """``[n, C]`` shares of each class among each row's neighbours' labels ``[n, k]`` (every vote weighs 1)."""
     votes = torch.zeros(neighbour_labels.shape[0], n_classes, dtype=torch.float64, device=neighbour_labels.device)
@@ -295,7 +296,8 @@ class SelCLLoss(Loss):
         same = labels[:, None] == (labels if q_label is None else q_label)[None, :]
         other = ids if q_idx is None else q_idx.clamp(min=0)
         both = a[:, None] & self.selected[other][None, :]
-        close = self.snapshot[ids] @ self.snapshot[other].T >= self.threshold
+        # within float32 rounding: the pair that sets the threshold passes it, whatever the product's summation order
+        close = self.snapshot[ids] @ self.snapshot[other].T >= self.threshold - SIM_TOLERANCE
         return same & (both | close)
 
     def forward(self, features, labels, ids, queue=None):

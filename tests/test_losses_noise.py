@@ -161,7 +161,8 @@ def partner_oracle(loss, feat, noisy):
     selected, thr = loss.selected, float(loss.threshold)
 
     def partner(a, ya, b, yb):
-        return a != b and ya == yb and ((bool(selected[a]) and bool(selected[b])) or float(feat[a] @ feat[b]) >= thr)
+        return a != b and ya == yb and ((bool(selected[a]) and bool(selected[b]))
+                                        or float(feat[a] @ feat[b]) >= thr - 1e-6)
     return partner
 
 
