@@ -14,7 +14,6 @@ import torch
 
 from losses import (
     Loss,
-    SupConLoss,
     flatten_views,
     float32_under_autocast,
     positive_dots,
@@ -35,34 +34,46 @@ from losses_field import (
 
 # ---------------------------------------------------------------- SymNCE
 @float32_under_autocast
-def reverse_nce(features, labels, temperature=0.07, queue=None):
-    """SymNCE's reverse term (docs/FIELD.md, "SymNCE"), with ``e_ij = exp((z_i.z_j - 1) / tau)`` in ``(0, 1]``::
+def symnce_terms(features, labels, temperature=0.07, queue=None):
+    """SymNCE's two terms (docs/FIELD.md, "SymNCE") from one ``[M, M]`` logits matrix: ``(L_out, R)``, SupCon's loss
+    with ``tau_base = tau`` (an anchor without a positive adds 0; a lone row, 0) and the reverse term, with
+    ``e_ij = exp((z_i.z_j - 1) / tau)`` in ``(0, 1]``::
 
         R_i = - mean_{p in S(i)} e_ip + mean_{n in D(i)} e_in
 
-    mean over all ``M`` anchors; a mean over an empty set is 0. Valid queue keys join ``S(i)`` or ``D(i)`` by their
-    label. One ``[M, M]`` label mask, no per-pair loop (the term is linear in ``e``)."""
+    each the mean over all ``M`` anchors; a mean over an empty set is 0. Valid queue keys join ``S(i)`` or ``D(i)``
+    by their label, and every denominator. One ``[M, M]`` label mask; the positives' logits from per-class sums."""
     _check_temperature(temperature)
-    z, row_labels, _, _, _ = _rows(features, labels)
+    z, row_labels, on_device, bsz, n_views = _rows(features, labels)
     n_rows = z.shape[0]
-    e = torch.exp(self_masked_logits(z, temperature) - 1 / temperature)          # 0 on the diagonal
+    logits = self_masked_logits(z, temperature)                                   # -inf on the diagonal
+    log_denom = torch.logsumexp(logits, dim=1)
+    e = torch.exp(logits - 1 / temperature)                                       # 0 on the diagonal
     same = row_labels[:, None] == row_labels[None, :]
-    pos, n_pos = (e * same).sum(1), same.sum(1).to(z.dtype) - 1                 # the diagonal is no positive
+    pos, n_same = (e * same).sum(1), same.sum(1).to(z.dtype) - 1                 # the diagonal is no positive
     neg, n_neg = (e * ~same).sum(1), (~same).sum(1).to(z.dtype)
     if queue is not None:
-        q_e = torch.exp(queue_logits(z, queue, temperature) - 1 / temperature)
+        q_logits = queue_logits(z, queue, temperature)
+        q_e = torch.exp(q_logits - 1 / temperature)
         q_same = _queue_same(row_labels, queue)
         q_other = ~q_same & queue.valid[None, :]
-        pos, n_pos = pos + (q_e * q_same).sum(1), n_pos + q_same.sum(1).to(z.dtype)
+        log_denom = torch.logaddexp(log_denom, torch.logsumexp(q_logits.masked_fill(~queue.valid[None, :], -math.inf),
+                                                               dim=1))
+        pos, n_same = pos + (q_e * q_same).sum(1), n_same + q_same.sum(1).to(z.dtype)
         neg, n_neg = neg + (q_e * q_other).sum(1), n_neg + q_other.sum(1).to(z.dtype)
-    per_row = neg / n_neg.clamp(min=1) - pos / n_pos.clamp(min=1)
-    return per_row.sum() / n_rows
+    reverse = (neg / n_neg.clamp(min=1) - pos / n_same.clamp(min=1)).sum() / n_rows
+    if n_rows == 1:                                   # as SupConLoss: nothing of the batch to contrast with
+        return (z * 0).sum(), reverse
+    pos_dot, n_pos = positive_dots(z, z, bsz, n_views, on_device, None, queue)
+    has_pos = n_pos > 0
+    per_row = torch.where(has_pos, log_denom - pos_dot / temperature / n_pos.clamp(min=1), torch.zeros_like(n_pos))
+    return per_row.sum() / n_rows, reverse
 
 
 class SymNCELoss(Loss):
     """Symmetric InfoNCE (Cui et al. 2025, "An Inclusive Theoretical Framework of Robust Supervised Contrastive Loss
     against Label Noise"; docs/FIELD.md, "SymNCE"): SupCon's ``L_out`` plus ``beta`` times a reverse term
-    (:func:`reverse_nce`), whose sum over the ways of labelling a pair positive or negative is constant, the
+    (:func:`symnce_terms`), whose sum over the ways of labelling a pair positive or negative is constant, the
     condition under which a pairwise loss is robust to symmetric label noise::
 
         L = L_out + beta * mean_i R_i
@@ -80,13 +91,11 @@ class SymNCELoss(Loss):
         if not beta >= 0 or not math.isfinite(beta):
             raise ValueError(f'beta must be finite and >= 0, got {beta}')
         self.beta, self.temperature = beta, temperature
-        self.supcon = SupConLoss(temperature=temperature, base_temperature=temperature)
 
     def forward(self, features, labels, queue=None):
         if features.dim() < 3:
             raise ValueError('`features` needs to be [bsz, n_views, ...]')
-        infonce = self.supcon(features, labels, queue=queue)
-        reverse = reverse_nce(features, labels, self.temperature, queue)
+        infonce, reverse = symnce_terms(features, labels, self.temperature, queue)
         self.last_stats = {'infonce': infonce.detach(), 'reverse': reverse.detach()}
         return infonce + self.beta * reverse
 
@@ -320,27 +329,25 @@ class SelCLLoss(Loss):
             q_logits = queue_logits(z, queue, self.temperature)
             log_denom = torch.logaddexp(log_denom, torch.logsumexp(
                 q_logits.masked_fill(~queue.valid[None, :], -math.inf), dim=1))
-        eye = torch.eye(bsz, dtype=torch.bool, device=device)
-        if self.selecting:
-            pair = self.partners(labels, ids) & ~eye
-            mask = (pair | eye).to(z.dtype)
-            has = pair.any(1)
-        else:
-            mask, has = eye.to(z.dtype), torch.zeros(bsz, dtype=torch.bool, device=device)
-        sup_dot, n_sup = positive_dots(z, z, bsz, n_views, mask=mask)
-        if queue is not None and self.selecting:
-            q_pair = (self.partners(labels, ids, queue.label, queue.idx) & queue.valid[None, :]
-                      & (ids[:, None] != queue.idx[None, :]))                  # [B, K]: not its own older key
-            b = torch.arange(z.shape[0], device=device) % bsz
-            q_pair_rows = q_pair.to(z.dtype)[b]
-            sup_dot = sup_dot + (q_logits * q_pair_rows).sum(1) * self.temperature
-            n_sup = n_sup + q_pair_rows.sum(1)
-            has = has | q_pair.any(1)
-        own_dot, n_own = positive_dots(z, z, bsz, n_views)
         zero = torch.zeros((), dtype=z.dtype, device=device)
-        sup = torch.where(n_sup > 0, log_denom - sup_dot / self.temperature / n_sup.clamp(min=1), zero)
+        own_dot, n_own = positive_dots(z, z, bsz, n_views)                        # the instance term's positives
         inst = torch.where(n_own > 0, log_denom - own_dot / self.temperature / n_own.clamp(min=1), zero)
-        per_row = torch.where(has.repeat(n_views), sup, inst)
+        if not self.selecting:                    # the warm-up: no partners, the instance term for every sample
+            has, per_row = torch.zeros(bsz, dtype=torch.bool, device=device), inst
+        else:
+            eye = torch.eye(bsz, dtype=torch.bool, device=device)
+            pair = self.partners(labels, ids) & ~eye
+            has = pair.any(1)
+            sup_dot, n_sup = positive_dots(z, z, bsz, n_views, mask=(pair | eye).to(z.dtype))
+            if queue is not None:
+                q_pair = (self.partners(labels, ids, queue.label, queue.idx) & queue.valid[None, :]
+                          & (ids[:, None] != queue.idx[None, :]))              # [B, K]: not its own older key
+                q_pair_rows = q_pair.to(z.dtype)[torch.arange(z.shape[0], device=device) % bsz]
+                sup_dot = sup_dot + (q_logits * q_pair_rows).sum(1) * self.temperature
+                n_sup = n_sup + q_pair_rows.sum(1)
+                has = has | q_pair.any(1)
+            sup = torch.where(n_sup > 0, log_denom - sup_dot / self.temperature / n_sup.clamp(min=1), zero)
+            per_row = torch.where(has.repeat(n_views), sup, inst)
         self.last_stats = {'with_partners': has.to(z.dtype).mean(),
                            'selected': self.selected.to(z.dtype).mean()}
         return per_row.sum() / (n_views * bsz)
